@@ -1,0 +1,145 @@
+"""Shared mechanics of autoregressive decoders: the KV-cached forward loop, drawing a token
+from a distribution with a given uniform, and the ``dist`` evidence of a token step.
+
+Every causal decoder builds on these, so that caching, sampling and evidence are written
+once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from decoders.base import Context, check_stop
+from playground.trace import Step
+
+
+class ARState:
+    """A causal model's KV cache plus the ids it holds, with prefill/advance/rollback."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.cache = view.new_cache()
+        self.ids: list[int] = []
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        """Run the prompt; return the last position's logits (1-D, float32)."""
+        return self.advance(ids)
+
+    def advance(self, ids: Sequence[int]) -> torch.Tensor:
+        """Feed ``ids`` after what the cache holds; return the last position's logits."""
+        return self.advance_all(ids)[-1]
+
+    def advance_all(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:
+        """Feed ``ids``; return logits for every fed position, shape (len(ids), V)."""
+        out = self.view.forward(list(ids), cache=self.cache, **kw)
+        self.cache = out.cache
+        self.ids.extend(int(i) for i in ids)
+        return out.logits[0]
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` positions of the cache."""
+        if length < len(self.ids):
+            self.cache.crop(length)
+            del self.ids[length:]
+
+
+def sample_index(probs: torch.Tensor, u: float) -> int:
+    """Inverse-CDF draw from ``probs`` (1-D) with uniform ``u``.
+
+    Tokens are laid out in descending probability (ties by id), so the same ``u`` picks a
+    token of the same rank under two similar distributions: with common random numbers,
+    samplers differ by their rule, not by their luck. Exact for any ``u ~ U(0,1)``.
+    """
+    p = probs.detach().double().cpu()
+    order = torch.argsort(-p, stable=True)
+    cdf = torch.cumsum(p[order], 0)
+    total = float(cdf[-1])
+    j = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=torch.float64)).item())
+    j = min(j, len(order) - 1)
+    while float(p[order[j]]) == 0.0 and j > 0:  # never land on a removed token
+        j -= 1
+    return int(order[j])
+
+
+def entropy_of(logits: torch.Tensor) -> float:
+    """Entropy in nats of softmax(logits) (1-D)."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return float(-(logp.exp() * torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))).sum())
+
+
+def dist_evidence(view: Any, raw_logits: torch.Tensor, final_probs: torch.Tensor, chosen: int,
+                  k: int = 20) -> dict[str, Any]:
+    """The ``dist`` field of a token step: top-K raw vs final probabilities and more.
+
+    ``top_ids`` are the K most probable tokens under the *raw* distribution, plus the
+    chosen token if it is not among them.
+    """
+    raw = torch.softmax(raw_logits.float(), -1)
+    top = torch.topk(raw, min(k, raw.numel())).indices.tolist()
+    if chosen not in top:
+        top.append(int(chosen))
+    rank = int((raw > raw[chosen]).sum().item())
+    kept = float((final_probs > 0).float().mul(raw).sum().item())
+    return {
+        "top_ids": top,
+        "top_tokens": [view_token(view, t) for t in top],
+        "raw_probs": [round(float(raw[t]), 6) for t in top],
+        "final_probs": [round(float(final_probs[t]), 6) for t in top],
+        "entropy": round(entropy_of(raw_logits), 5),
+        "chosen": int(chosen),
+        "chosen_rank": rank,
+        "kept_mass": round(kept, 6),
+    }
+
+
+def view_token(view: Any, token_id: int) -> str:
+    """Display text of one token, cached per tokenizer."""
+    tok = view.tokenizer
+    cache = getattr(tok, "_playground_token_cache", None)
+    if cache is None:
+        cache = {}
+        try:
+            tok._playground_token_cache = cache
+        except Exception:  # noqa: BLE001 - a tokenizer that refuses attributes just isn't cached
+            pass
+    s = cache.get(token_id)
+    if s is None:
+        s = tok.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        cache[token_id] = s
+    return s
+
+
+Picker = Callable[[torch.Tensor, int, list[int]], "tuple[torch.Tensor, int]"]
+
+
+def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
+    """The plain autoregressive loop: one forward, one token, one ``token`` step.
+
+    ``pick(raw_logits, position, output_so_far) -> (final_probs, token)`` is the rule that
+    makes each decoder what it is. Sets ``decoder.finish_reason``.
+    """
+    state = ARState(ctx.target)
+    logits = state.prefill(ctx.prompt_ids)
+    out: list[int] = []
+    for pos in range(ctx.max_new_tokens):
+        ctx.check_cancel()
+        final, tok = pick(logits, pos, out)
+        yield Step("token", [tok], dist=dist_evidence(ctx.target, logits, final, tok, ctx.top_k_evidence))
+        out.append(tok)
+        reason = check_stop(ctx, out, ctx.target.decode)
+        if reason:
+            decoder.finish_reason = reason
+            return
+        if pos + 1 < ctx.max_new_tokens:
+            logits = state.advance([tok])
+    decoder.finish_reason = "length"
+
+
+def greedy_probs(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A one-hot final distribution on the argmax (lowest id on ties, like torch.argmax)."""
+    tok = int(torch.argmax(logits))
+    final = torch.zeros_like(logits, dtype=torch.float32)
+    final[tok] = 1.0
+    return final, tok

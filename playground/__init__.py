@@ -1,0 +1,30 @@
+"""Decoder Playground: decoding strategies side by side, with the evidence behind each step.
+
+The Python API mirrors the command line::
+
+    import playground
+    trace = playground.generate(model="tiny-shakespeare", decoder="top_p", prompt="ROMEO:", p=0.9)
+"""
+
+from __future__ import annotations
+
+from playground.errors import PlaygroundError
+
+__version__ = "0.1.0"
+
+
+def generate(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Run one decoder; see :func:`playground.api.generate` (imported lazily: torch is heavy)."""
+    from playground.api import generate as _generate
+
+    return _generate(*args, **kwargs)
+
+
+def compare(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Run a preset's lanes; see :func:`playground.api.compare`."""
+    from playground.api import compare as _compare
+
+    return _compare(*args, **kwargs)
+
+
+__all__ = ["PlaygroundError", "compare", "generate", "__version__"]

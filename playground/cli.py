@@ -1,0 +1,211 @@
+"""The ``playground`` command line (a contract; see ARCHITECTURE.md, "CLI and Python API").
+
+Every user error is one line on stderr and exit status 2; nothing prints a traceback for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from playground.errors import PlaygroundError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise PlaygroundError(message)
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise PlaygroundError(f"--param wants NAME=VALUE, got {text!r}")
+    k, v = text.split("=", 1)
+    k = k.strip()
+    if not k:
+        raise PlaygroundError(f"--param wants NAME=VALUE, got {text!r}")
+    return k, v.strip()
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="bundled name, local path, or hub id (default tiny-shakespeare)")
+    p.add_argument("--prompt", default=None, help="the prompt text")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print the trace(s) as JSON")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--quantization", default=None, choices=[None, "4bit", "8bit"])
+    p.add_argument("--device-map", default=None, help="'auto' spreads a big model over devices")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the model repository's own code (LLaDA, Dream); off by default")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = _Parser(prog="playground", description="Decoder Playground")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="run one decoder")
+    _add_run_options(g)
+    g.add_argument("--decoder", default="greedy")
+    g.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    g.add_argument("--draft", default=None, help="draft model for speculative decoders")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+
+    c = sub.add_parser("compare", help="run a preset's lanes")
+    _add_run_options(c)
+    c.add_argument("--preset", required=True)
+
+    ld = sub.add_parser("list-decoders", help="every decoder with its knobs")
+    ld.add_argument("--json", action="store_true")
+    ld.add_argument("--family", default=None)
+    lm = sub.add_parser("list-models", help="models loadable offline")
+    lm.add_argument("--json", action="store_true")
+    lp = sub.add_parser("list-presets", help="named comparisons")
+    lp.add_argument("--json", action="store_true")
+
+    for name, module, help_ in (
+        ("bench", "playground.bench", "run a benchmark suite (see docs/benchmarks.md)"),
+        ("train-tiny", "playground.train_tiny", "rebuild the bundled tiny models"),
+        ("sessions", "playground.sessions_cli", "stored sessions: list, export, import, delete"),
+    ):
+        sp = sub.add_parser(name, help=help_)
+        sp.set_defaults(_module=module)
+        try:
+            importlib.import_module(module).add_arguments(sp)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            sp.set_defaults(_missing=True)
+    return parser
+
+
+def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"device": args.device, "dtype": args.dtype, "quantization": args.quantization,
+            "device_map": args.device_map, "trust_remote_code": args.trust_remote_code}
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from playground.engine import prepare
+
+    params = dict(_parse_param(p) for p in args.param)
+    if args.prompt is None:
+        raise PlaygroundError("--prompt is required")
+    run = prepare(model=args.model or "tiny-shakespeare", decoder=args.decoder, prompt=args.prompt,
+                  max_new_tokens=64 if args.max_new_tokens is None else args.max_new_tokens,
+                  seed=0 if args.seed is None else args.seed, draft=args.draft, params=params,
+                  stop=args.stop, chat=args.chat, load_kwargs=_load_kwargs(args))
+    trace = run.finish()
+    if args.json:
+        print(trace.to_json())
+    else:
+        print(trace.prompt + trace.text)
+        s = trace.stats
+        print(f"\n[{trace.decoder}] {s['new_tokens']} tokens, {s['target_forwards']} target forwards "
+              f"({s['tokens_per_target_forward']} tokens/forward), {s['wall_s']} s, "
+              f"finish: {s['finish_reason']}", file=sys.stderr)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from playground.engine import prepare
+    from playground.presets import load_preset
+
+    p = load_preset(args.preset)
+    prompt = args.prompt if args.prompt is not None else p["prompt"]
+    seed = args.seed if args.seed is not None else p["seed"]
+    model = args.model or p["model"]
+    traces = []
+    for lane in p["lanes"]:
+        mnt = args.max_new_tokens or lane.get("max_new_tokens") or p["max_new_tokens"]
+        run = prepare(model=lane.get("model") or model, decoder=lane["decoder"], prompt=prompt,
+                      max_new_tokens=int(mnt), seed=int(seed), draft=lane.get("draft"),
+                      params=lane.get("params", {}), load_kwargs=_load_kwargs(args))
+        traces.append(run.finish())
+    if args.json:
+        print(json.dumps([t.to_dict() for t in traces], ensure_ascii=False))
+    else:
+        for t in traces:
+            s = t.stats
+            print(f"== {t.decoder}: {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
+                  f"{s['wall_s']} s\n{t.prompt}{t.text}\n")
+    return 0
+
+
+def _cmd_list_decoders(args: argparse.Namespace) -> int:
+    from decoders import all_decoders
+
+    specs = [c.spec() for c in all_decoders() if args.family in (None, c.family)]
+    if args.json:
+        print(json.dumps(specs, ensure_ascii=False))
+        return 0
+    for s in specs:
+        knobs = ", ".join(f"{k}={v['default']}" for k, v in s["params"].items())
+        flags = (" [needs draft]" if s["needs_draft"] else "") + (" [lossless]" if s["lossless"] else "")
+        print(f"{s['family']:<12} {s['name']:<18} {s['kind']:<9}{flags}  {knobs}")
+    return 0
+
+
+def _cmd_list_models(args: argparse.Namespace) -> int:
+    from playground.models import list_models
+
+    models = list_models()
+    if args.json:
+        print(json.dumps(models))
+        return 0
+    for m in models:
+        print(f"{m['name']:<40} {m['source']:<8} {m['kind'] or '?':<10} {'' if m['available'] else '(missing)'}")
+    return 0
+
+
+def _cmd_list_presets(args: argparse.Namespace) -> int:
+    from playground.presets import list_presets
+
+    presets = list_presets()
+    if args.json:
+        print(json.dumps(presets, ensure_ascii=False))
+        return 0
+    for p in presets:
+        print(f"{p['name']:<28} {p['title']}")
+    return 0
+
+
+COMMANDS = {"generate": _cmd_generate, "compare": _cmd_compare, "list-decoders": _cmd_list_decoders,
+            "list-models": _cmd_list_models, "list-presets": _cmd_list_presets}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``playground`` console script; returns the exit status."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        if args.command in COMMANDS:
+            return COMMANDS[args.command](args)
+        if getattr(args, "_missing", False):
+            raise PlaygroundError(f"`{args.command}` is not available in this build")
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except PlaygroundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,193 @@
+"""The trace: what a decoder did, step by step, as versioned JSON (a contract).
+
+A decoder yields :class:`Step` objects carrying the tokens they committed and the evidence
+of their kind (``dist``, ``tree``, ``canvas`` ...). :class:`TraceRecorder` stamps each step
+with its index, time and the *measured* forward counts of the model views, and builds the
+final :class:`Trace` with its stats. See ARCHITECTURE.md, "Traces", for the field list.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+SCHEMA = 1
+STEP_KINDS = ("token", "draft", "denoise", "beam", "jacobi")
+FINISH_REASONS = ("length", "stop", "eos", "cancelled", "error")
+TRACE_FIELDS = (
+    "schema", "model", "decoder", "params", "seed", "prompt", "prompt_ids",
+    "output_ids", "text", "stats", "steps",
+)
+
+
+@dataclass
+class Step:
+    """One decoding step: its kind, the token ids it committed, and its evidence.
+
+    ``evidence`` holds the kind-specific fields (``dist`` for token steps, ``tree`` for
+    draft steps, ``canvas``/``unmasked``/... for denoise steps, ``beams``, ``guess``/
+    ``converged``). ``i``, ``t`` and the forward counts are stamped by the recorder.
+    """
+
+    kind: str
+    committed: list[int]
+    evidence: dict[str, Any] = field(default_factory=dict)
+    i: int = -1
+    t: float = 0.0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+
+    def __init__(self, kind: str, committed: Iterable[int] = (), **evidence: Any) -> None:
+        if kind not in STEP_KINDS:
+            raise ValueError(f"unknown step kind {kind!r}")
+        self.kind = kind
+        self.committed = [int(x) for x in committed]
+        self.evidence = evidence
+        self.i, self.t, self.target_forwards, self.draft_forwards = -1, 0.0, 0, 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The step as the JSON object of the trace schema."""
+        d = {
+            "i": self.i, "kind": self.kind, "t": round(self.t, 6),
+            "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
+            "committed": list(self.committed),
+        }
+        d.update(self.evidence)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Step":
+        """Rebuild a step from its JSON object."""
+        base = {"i", "kind", "t", "target_forwards", "draft_forwards", "committed"}
+        s = cls(d["kind"], d.get("committed", []), **{k: v for k, v in d.items() if k not in base})
+        s.i, s.t = int(d.get("i", -1)), float(d.get("t", 0.0))
+        s.target_forwards = int(d.get("target_forwards", 0))
+        s.draft_forwards = int(d.get("draft_forwards", 0))
+        return s
+
+
+@dataclass
+class Trace:
+    """A finished (or stopped) run: everything needed to replay it without a model."""
+
+    model: str
+    decoder: str
+    params: dict[str, Any]
+    seed: int
+    prompt: str
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+    steps: list[Step] = field(default_factory=list)
+    schema: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trace as a JSON-ready dict (schema field first)."""
+        d = {
+            "schema": self.schema, "model": self.model, "decoder": self.decoder,
+            "params": self.params, "seed": self.seed, "prompt": self.prompt,
+            "prompt_ids": list(self.prompt_ids), "output_ids": list(self.output_ids),
+            "text": self.text, "stats": self.stats,
+            "steps": [s.to_dict() for s in self.steps],
+        }
+        d.update(self.extra)
+        return d
+
+    def to_json(self, **kw: Any) -> str:
+        """Serialise to JSON text."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trace":
+        """Rebuild a trace from its dict, after validating it against the schema."""
+        validate_trace_dict(d)
+        extra = {k: v for k, v in d.items() if k not in TRACE_FIELDS}
+        return cls(
+            model=d["model"], decoder=d["decoder"], params=dict(d["params"]),
+            seed=int(d["seed"]), prompt=d["prompt"], prompt_ids=list(d["prompt_ids"]),
+            output_ids=list(d["output_ids"]), text=d["text"], stats=dict(d["stats"]),
+            steps=[Step.from_dict(s) for s in d["steps"]], schema=int(d["schema"]),
+            extra=extra,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        """Parse a trace from JSON text."""
+        return cls.from_dict(json.loads(text))
+
+
+def validate_trace_dict(d: Any) -> None:
+    """Raise ``ValueError`` with one line naming the first thing wrong with a trace dict."""
+    if not isinstance(d, dict):
+        raise ValueError("a trace must be a JSON object")
+    missing = [k for k in TRACE_FIELDS if k not in d]
+    if missing:
+        raise ValueError(f"trace is missing field(s): {', '.join(missing)}")
+    if not isinstance(d["schema"], int) or d["schema"] > SCHEMA or d["schema"] < 1:
+        raise ValueError(f"unsupported trace schema {d['schema']!r} (this version reads 1..{SCHEMA})")
+    for key, typ in (("model", str), ("decoder", str), ("prompt", str), ("text", str),
+                     ("params", dict), ("stats", dict), ("prompt_ids", list),
+                     ("output_ids", list), ("steps", list)):
+        if not isinstance(d[key], typ):
+            raise ValueError(f"trace field {key!r} must be {typ.__name__}")
+    for j, s in enumerate(d["steps"]):
+        if not isinstance(s, dict) or s.get("kind") not in STEP_KINDS:
+            raise ValueError(f"trace step {j} has no valid kind")
+        if not isinstance(s.get("committed", []), list):
+            raise ValueError(f"trace step {j}: 'committed' must be a list")
+
+
+class TraceRecorder:
+    """Stamps steps as a decoder yields them and computes the trace's measured stats.
+
+    The forward counts come from the model views (``target``/``draft``), which count
+    every call themselves; the decoder never reports its own cost.
+    """
+
+    def __init__(self, trace: Trace, target: Any, draft: Any = None) -> None:
+        self.trace = trace
+        self.target, self.draft = target, draft
+        self.start = time.perf_counter()
+        self.first_token_s: float | None = None
+        self.finish_reason = "length"
+
+    def now(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.start
+
+    def add(self, step: Step) -> Step:
+        """Stamp ``step`` with index, time and cumulative forward counts; keep it."""
+        step.i = len(self.trace.steps)
+        step.t = self.now()
+        step.target_forwards = self.target.forwards if self.target is not None else 0
+        step.draft_forwards = self.draft.forwards if self.draft is not None else 0
+        if self.first_token_s is None and step.committed:
+            self.first_token_s = step.t
+        self.trace.steps.append(step)
+        return step
+
+    def finish(self, output_ids: list[int], text: str, reason: str, **more: Any) -> Trace:
+        """Close the trace: output, text and the stats the schema names (all measured)."""
+        tr = self.trace
+        tr.output_ids, tr.text = [int(x) for x in output_ids], text
+        tf = self.target.forwards if self.target is not None else 0
+        df = self.draft.forwards if self.draft is not None else 0
+        n = len(tr.output_ids)
+        tr.stats = {
+            "new_tokens": n,
+            "target_forwards": tf,
+            "draft_forwards": df,
+            "tokens_per_target_forward": round(n / tf, 4) if tf else 0.0,
+            "wall_s": round(self.now(), 4),
+            "first_token_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
+            "finish_reason": reason,
+            "target_tokens_processed": self.target.tokens if self.target is not None else 0,
+            "draft_tokens_processed": self.draft.tokens if self.draft is not None else 0,
+            "steps": len(tr.steps),
+        }
+        tr.stats.update(more)
+        return tr

@@ -1,0 +1,82 @@
+"""Shared fixtures: tiny randomly initialised models built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+SAMPLE_TEXT = (
+    "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n"
+    "JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father and refuse thy name.\n"
+    "HAMLET: To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer.\n"
+    "MACBETH: Tomorrow, and tomorrow, and tomorrow, creeps in this petty pace from day to day.\n"
+) * 4
+
+
+def build_tokenizer(vocab_size: int = 320):
+    """A small byte-level BPE fast tokenizer with eos, mask and pad tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=["<|endoftext|>", "<|mask|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([SAMPLE_TEXT], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   mask_token="<|mask|>", pad_token="<|pad|>")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+def build_llama(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    # Random init gives near-uniform distributions; sharpen them so argmax is well defined.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def build_gpt2(tokenizer, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                     eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id)
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def llama_handle(tokenizer):
+    from playground.models import handle_from_model
+
+    return handle_from_model(build_llama(tokenizer), tokenizer, name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def gpt2_handle(tokenizer):
+    from playground.models import handle_from_model
+
+    return handle_from_model(build_gpt2(tokenizer), tokenizer, name="tiny-gpt2")
