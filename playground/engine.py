@@ -13,7 +13,7 @@ from typing import Any
 
 from decoders.base import Context, Decoder, get_decoder
 from playground.errors import Cancelled, PlaygroundError
-from playground.models import ModelHandle, load_model
+from playground.models import ModelHandle, load_model, token_pieces
 from playground.settings import limits
 from playground.trace import Step, Trace, TraceRecorder
 
@@ -55,6 +55,29 @@ class Run:
             self.output.extend(step.committed)
         return step
 
+    def snapshot(self) -> dict[str, Any]:
+        """The trace so far as a JSON-ready dict (with its token texts), for streaming."""
+        d = self.trace.to_dict()
+        if not self.done:
+            d["output_ids"] = list(self.output)
+            d["text"] = self.ctx.target.decode(self.output)
+            d["stats"] = self.live_stats()
+        d["tokens"] = token_texts(self.ctx.target, d)
+        d["done"] = self.done
+        return d
+
+    def live_stats(self) -> dict[str, Any]:
+        """Stats of the run so far (the final ones once it is done)."""
+        if self.done:
+            return dict(self.trace.stats)
+        tf = self.ctx.target.forwards
+        n = len(self.output)
+        return {"new_tokens": n, "target_forwards": tf,
+                "draft_forwards": self.ctx.draft.forwards if self.ctx.draft is not None else 0,
+                "tokens_per_target_forward": round(n / tf, 4) if tf else 0.0,
+                "wall_s": round(self.recorder.now(), 4), "first_token_s": self.recorder.first_token_s,
+                "finish_reason": None, "steps": len(self.trace.steps)}
+
     def cancel(self) -> None:
         """Ask the decoder to stop at its next step; what it produced is kept."""
         self.ctx.cancel.set()
@@ -73,12 +96,42 @@ class Run:
         if self.error:
             stats["error"] = self.error
         self.recorder.finish(out, text, reason, **stats)
+        self.trace.extra["tokens"] = token_texts(self.ctx.target, self.trace.to_dict())
+        self.trace.extra["pieces"] = token_pieces(self.ctx.target.tokenizer, out, self.trace.prompt_ids)
 
     def finish(self) -> Trace:
         """Run the remaining steps (if any) and return the closed trace."""
         while not self.done:
             self.step()
         return self.trace
+
+
+def _ids_in(d: Any, out: set[int], key: str = "") -> None:
+    """Collect every token id a trace dict mentions (ids, tokens, canvases, trees, beams)."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            if k in ("top_ids", "committed", "prompt_ids", "output_ids", "canvas", "ids", "guess",
+                     "accepted_tokens", "samples") or k in ("token", "chosen", "correction"):
+                _ids_in(v, out, "ids")
+            elif isinstance(v, (dict, list)) and k not in ("tokens", "pieces"):
+                _ids_in(v, out, "")
+    elif isinstance(d, list):
+        for v in d:
+            if key == "ids" and isinstance(v, int) and not isinstance(v, bool):
+                out.add(v)
+            elif isinstance(v, (dict, list)):
+                _ids_in(v, out, key)
+    elif key == "ids" and isinstance(d, int) and not isinstance(d, bool):
+        out.add(d)
+
+
+def token_texts(view: Any, trace_dict: dict[str, Any]) -> dict[str, str]:
+    """Display text of every token id in a trace, so a replay needs no tokenizer."""
+    from decoders.ar import view_token
+
+    ids: set[int] = set()
+    _ids_in(trace_dict, ids)
+    return {str(i): view_token(view, i) for i in sorted(ids) if 0 <= i < 10**8}
 
 
 def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_new_tokens: int) -> None:
