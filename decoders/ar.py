@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from decoders.base import Context, check_stop
+from playground.models import crop_cache
 from playground.trace import Step
 
 
@@ -41,7 +42,7 @@ class ARState:
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` positions of the cache."""
         if length < len(self.ids):
-            self.cache.crop(length)
+            crop_cache(self.cache, length)
             del self.ids[length:]
 
 

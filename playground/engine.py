@@ -165,7 +165,8 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     if max_new_tokens > lim.max_new_tokens:
         raise PlaygroundError(f"max_new_tokens={max_new_tokens} is over this instance's limit of {lim.max_new_tokens}")
     lk = load_kwargs or {}
-    handle = model if isinstance(model, ModelHandle) else load_model(model, **lk)
+    # The kind is checked from the config, before any weights are read.
+    handle = model if isinstance(model, ModelHandle) else load_model(model, **{"kind": cls.kind, **lk})
     if handle.kind != cls.kind:
         raise PlaygroundError(f"decoder {decoder!r} needs a {cls.kind} model, but {handle.name!r} is a {handle.kind} model")
     draft_handle: ModelHandle | None = None

@@ -116,7 +116,7 @@ class ModelHandle:
 
     # ------------------------------------------------------------------ caches
     def new_cache(self) -> Any:
-        """An empty KV cache for this model."""
+        """An empty KV cache for this model (roll back with :func:`crop_cache`)."""
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
@@ -165,6 +165,13 @@ class ModelView:
         self.forwards += 1
         self.tokens += int(_as_batch(ids, "cpu").numel()) if not torch.is_tensor(ids) else int(ids.numel())
         return out
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Keep the first ``length`` positions of a KV cache (transformers 5: ``crop(-n)`` drops the last n)."""
+    n = cache.get_seq_length() - int(length)
+    if n > 0:
+        cache.crop(-n)
 
 
 def _as_batch(ids: torch.Tensor | Sequence[int], device: Any) -> torch.Tensor:
@@ -288,11 +295,15 @@ def load_model(spec: str, kind: str | None = None, device: str = "auto", dtype: 
         raise PlaygroundError("remote code is disabled on this instance")
     if kind is not None and kind not in KINDS:
         raise PlaygroundError(f"unknown model kind {kind!r}; expected causal or diffusion")
-    key = (location, kind, device, dtype, quantization, device_map, trust_remote_code)
+    key = (location, device, dtype, quantization, device_map, trust_remote_code)
     with _cache_lock:
-        if key in _cache:
+        hit = _cache.get(key)
+        if hit is not None:
             _cache.move_to_end(key)
-            return _cache[key]
+    if hit is not None:
+        if kind is not None and hit.kind != kind:
+            raise PlaygroundError(f"model {spec!r} is a {hit.kind} model, but a {kind} model is needed here")
+        return hit
     handle = _load(spec, source, location, kind, device, dtype, quantization, device_map, trust_remote_code)
     with _cache_lock:
         _cache[key] = handle
@@ -326,6 +337,9 @@ def _pick_dtype(dtype: str, dev: torch.device) -> torch.dtype:
 def _load(spec: str, source: str, location: str, kind: str | None, device: str, dtype: str,
           quantization: str | None, device_map: str | None, trust_remote_code: bool) -> ModelHandle:
     from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # loading bars would break the one-line error contract
 
     offline = source in ("bundled", "path", "cache")
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code}
@@ -337,7 +351,7 @@ def _load(spec: str, source: str, location: str, kind: str | None, device: str, 
         raise PlaygroundError(_load_failure(spec, source, e)) from None
     found = detect_kind(config)
     if kind is not None and kind != found:
-        raise PlaygroundError(f"model {spec!r} is a {found} model, not {kind}")
+        raise PlaygroundError(f"model {spec!r} is a {found} model, but a {kind} model is needed here")
     dev = _pick_device(device)
     torch_dtype = _pick_dtype(dtype, dev)
     kwargs: dict[str, Any] = dict(common, dtype=torch_dtype)

@@ -1,0 +1,131 @@
+"""The CLI: one clear line on stderr and exit status 2 for every bad input; JSON output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from playground.cli import main
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory, tokenizer):
+    from conftest import build_llama
+
+    d = tmp_path_factory.mktemp("llama")
+    build_llama(tokenizer).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory, tokenizer):
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = tmp_path_factory.mktemp("bert")
+    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    BertForMaskedLM(cfg).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *needles):
+    assert code == 2
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_generate_json(capsys, llama_dir):
+    code, out, err = run_cli(capsys, "generate", "--model", llama_dir, "--decoder", "greedy",
+                             "--prompt", "ROMEO:", "--max-new-tokens", "6", "--json")
+    assert code == 0, err
+    trace = json.loads(out)
+    assert trace["decoder"] == "greedy" and trace["schema"] == 1
+    assert len(trace["output_ids"]) <= 6
+    assert trace["stats"]["target_forwards"] == len(trace["steps"])
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--decoder", "nope"], ["unknown decoder", "nope"]),
+    (["--decoder", "greedy", "--param", "bogus=1"], ["no knob", "bogus"]),
+    (["--prompt", ""], ["prompt is empty"]),
+    (["--prompt", "   "], ["prompt is empty"]),
+    (["--max-new-tokens", "0"], ["max_new_tokens"]),
+    (["--max-new-tokens", "abc"], ["invalid int"]),
+    (["--max-new-tokens", "1000"], ["exceeds the context"]),
+    (["--param", "noequals"], ["NAME=VALUE"]),
+])
+def test_generate_bad_input(capsys, llama_dir, argv, needles):
+    base = ["generate", "--model", llama_dir, "--prompt", "ROMEO:", "--max-new-tokens", "4"]
+    code, out, err = run_cli(capsys, *(base + argv))
+    one_line_error(code, err, *needles)
+
+
+def test_prompt_longer_than_context(capsys, llama_dir):
+    code, _, err = run_cli(capsys, "generate", "--model", llama_dir, "--prompt", "Romeo " * 400,
+                           "--max-new-tokens", "4")
+    one_line_error(code, err, "exceeds the context")
+
+
+def test_missing_model_path(capsys):
+    code, _, err = run_cli(capsys, "generate", "--model", "/no/such/model", "--prompt", "hi")
+    one_line_error(code, err, "does not exist")
+
+
+def test_diffusion_model_for_ar_decoder(capsys, mlm_dir):
+    code, _, err = run_cli(capsys, "generate", "--model", mlm_dir, "--decoder", "greedy", "--prompt", "hi")
+    one_line_error(code, err, "is a diffusion model", "causal model is needed")
+
+
+def test_hub_id_offline_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run_cli(capsys, "generate", "--model", "no-such-org/no-such-model-xyz", "--prompt", "hi")
+    one_line_error(code, err, "could not load", "no-such-org/no-such-model-xyz")
+
+
+def test_quantization_without_cuda(capsys, llama_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine can quantize")
+    code, _, err = run_cli(capsys, "generate", "--model", llama_dir, "--prompt", "hi", "--quantization", "4bit")
+    one_line_error(code, err, "CUDA")
+
+
+def test_list_decoders_json(capsys):
+    code, out, _ = run_cli(capsys, "list-decoders", "--json")
+    assert code == 0
+    specs = {s["name"]: s for s in json.loads(out)}
+    assert "greedy" in specs
+    for s in specs.values():
+        assert {"name", "family", "kind", "params", "reference"} <= set(s)
+        for knob in s["params"].values():
+            assert {"type", "default", "help"} <= set(knob)
+
+
+def test_list_models_json(capsys):
+    code, out, _ = run_cli(capsys, "list-models", "--json")
+    assert code == 0
+    names = [m["name"] for m in json.loads(out)]
+    assert {"tiny-shakespeare", "tiny-shakespeare-draft", "tiny-shakespeare-diffusion"} <= set(names)
+
+
+def test_python_dash_m_is_the_same_program(llama_dir):
+    r = subprocess.run([sys.executable, "-m", "playground", "generate", "--model", llama_dir,
+                        "--decoder", "nope", "--prompt", "x"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: unknown decoder 'nope'; try `playground list-decoders`"]
