@@ -1,0 +1,190 @@
+"""The lockstep runner: which lane steps next, Stop, errors in one lane, the snapshot rate."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from playground.errors import PlaygroundError
+from playground.runner import Lane, Runner, error_trace
+from playground.trace import validate_trace_dict
+
+
+class FakeCtx:
+    def __init__(self) -> None:
+        self.cancel = threading.Event()
+
+
+class FakeRun:
+    """Stands in for engine.Run: each step costs ``cost`` target forwards."""
+
+    def __init__(self, name: str, cost: int, steps: int, log: list[str], fail_at: int | None = None) -> None:
+        self.name, self.cost, self.left, self.log, self.fail_at = name, cost, steps, log, fail_at
+        self.target_forwards = 0
+        self.done = False
+        self.n = 0
+        self.ctx = FakeCtx()
+        self.reason = None
+
+    def step(self):
+        if self.done:
+            return None
+        if self.left == 0:
+            self.done, self.reason = True, "length"
+            return None
+        if self.fail_at is not None and self.n == self.fail_at:
+            self.done, self.reason = True, "error"
+            raise PlaygroundError(f"{self.name} broke")
+        self.log.append(self.name)
+        self.n += 1
+        self.left -= 1
+        self.target_forwards += self.cost
+        return object()
+
+    def cancel(self):
+        self.ctx.cancel.set()
+        if not self.done:
+            self.done, self.reason = True, "cancelled"
+
+    def snapshot(self):
+        return {"decoder": self.name, "n": self.n, "done": self.done, "reason": self.reason,
+                "stats": {}}
+
+
+def test_forwards_policy_steps_the_lane_with_fewest_forwards():
+    log: list[str] = []
+    # "spec" pays 1 forward per step, "big" pays 3: at equal compute spec steps 3x as often.
+    runs = [FakeRun("big", 3, 4, log), FakeRun("spec", 1, 12, log)]
+    Runner(runs).run_to_end()
+    assert log[:8] == ["big", "spec", "spec", "spec", "big", "spec", "spec", "spec"]
+    assert runs[0].target_forwards == runs[1].target_forwards == 12
+
+
+def test_ties_go_to_lane_order():
+    log: list[str] = []
+    Runner([FakeRun("a", 1, 2, log), FakeRun("b", 1, 2, log), FakeRun("c", 1, 2, log)]).run_to_end()
+    assert log == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_steps_policy_gives_equal_steps():
+    log: list[str] = []
+    Runner([FakeRun("big", 3, 3, log), FakeRun("spec", 1, 3, log)], policy="steps").run_to_end()
+    assert log == ["big", "spec", "big", "spec", "big", "spec"]
+
+
+def test_free_policy_is_round_robin_and_skips_finished_lanes():
+    log: list[str] = []
+    Runner([FakeRun("a", 5, 1, log), FakeRun("b", 1, 3, log), FakeRun("c", 2, 2, log)],
+           policy="free").run_to_end()
+    assert log == ["a", "b", "c", "b", "c", "b"]
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(PlaygroundError, match="policy"):
+        Runner([FakeRun("a", 1, 1, [])], policy="wall")
+
+
+def test_cancel_stops_every_lane_within_one_step_and_keeps_output():
+    log: list[str] = []
+    runs = [FakeRun("a", 1, 100, log), FakeRun("b", 1, 100, log)]
+    r = Runner(runs, rate=0)
+    seen = 0
+    for snaps in r.stream():
+        seen += 1
+        if seen == 5:
+            r.cancel()  # as the Stop button does, between two yields
+    assert len(log) == 4  # no step after the cancel
+    assert all(run.reason == "cancelled" for run in runs)
+    assert all(run.ctx.cancel.is_set() for run in runs)
+    assert r.cancelled and r.done
+    assert [s["n"] for s in snaps] == [2, 2]  # the final snapshot keeps what was produced
+
+
+def test_cancel_from_another_thread():
+    log: list[str] = []
+    runs = [FakeRun("a", 1, 10**6, log), FakeRun("b", 1, 10**6, log)]
+    r = Runner(runs, rate=1000)
+    t = threading.Timer(0.05, r.cancel)
+    t.start()
+    final = None
+    for final in r.stream():
+        pass
+    t.join()
+    assert r.cancelled and all(run.reason == "cancelled" for run in runs)
+    assert final is not None and sum(s["n"] for s in final) == len(log)
+
+
+def test_a_failing_lane_shows_its_error_and_the_others_continue():
+    log: list[str] = []
+    runs = [FakeRun("ok", 1, 5, log), FakeRun("bad", 1, 5, log, fail_at=2), FakeRun("ok2", 1, 5, log)]
+    r = Runner(runs)
+    snaps = r.run_to_end()
+    assert r.lanes[1].error == "bad broke"
+    assert log.count("ok") == 5 and log.count("ok2") == 5 and log.count("bad") == 2
+    assert snaps[1]["stats"]["error"] == "bad broke"
+
+
+def test_a_lane_that_could_not_start_is_shown_as_an_error_trace():
+    log: list[str] = []
+    stub = error_trace("unknown decoder 'nope'", decoder="nope", model="m", prompt="p")
+    r = Runner([Lane(error="unknown decoder 'nope'", stub=stub), FakeRun("ok", 1, 3, log)])
+    snaps = r.run_to_end()
+    assert log == ["ok"] * 3
+    assert snaps[0]["stats"]["error"] == "unknown decoder 'nope'" and snaps[0]["done"]
+    validate_trace_dict(snaps[0])
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.01  # every step (and every read) takes 10 ms
+        return self.t
+
+
+def test_snapshots_are_rate_limited():
+    log: list[str] = []
+    r = Runner([FakeRun("a", 1, 100, log), FakeRun("b", 1, 100, log)], rate=10, clock=FakeClock())
+    yields = list(r.stream())
+    # 200 steps of 10 ms = 2 s at 10 per second, plus the first and the final snapshot
+    assert 20 <= len(yields) <= 23
+    assert [s["n"] for s in yields[-1]] == [100, 100]
+    assert all(s["done"] for s in yields[-1])
+
+
+def test_unlimited_rate_yields_after_every_step():
+    log: list[str] = []
+    r = Runner([FakeRun("a", 1, 3, log)], rate=0, clock=FakeClock())
+    assert len(list(r.stream())) == 1 + 3 + 1
+
+
+def test_real_runs_in_lockstep(llama_handle):
+    from playground.engine import prepare
+
+    runs = [prepare(llama_handle, "greedy", "ROMEO:", max_new_tokens=6, seed=0) for _ in range(2)]
+    r = Runner(runs, rate=0)
+    frames = list(r.stream())
+    final = frames[-1]
+    assert all(s["done"] for s in final)
+    assert final[0]["output_ids"] == final[1]["output_ids"] and len(final[0]["output_ids"]) == 6
+    # lockstep: in every frame the two greedy lanes are at most one token apart
+    for fr in frames:
+        a, b = (len(s["output_ids"]) for s in fr)
+        assert abs(a - b) <= 1
+    assert set(final[0]["tokens"]) >= {str(i) for i in final[0]["output_ids"]}
+
+
+def test_real_cancel_keeps_partial_trace(llama_handle):
+    from playground.engine import prepare
+
+    runs = [prepare(llama_handle, "greedy", "ROMEO:", max_new_tokens=50, seed=0) for _ in range(2)]
+    r = Runner(runs, rate=0)
+    for k, frame in enumerate(r.stream()):
+        if k == 6:
+            r.cancel()
+    assert all(s["stats"]["finish_reason"] == "cancelled" for s in frame)
+    assert all(0 < len(s["output_ids"]) < 50 for s in frame)
+    for s in frame:
+        validate_trace_dict(s)
