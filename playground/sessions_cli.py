@@ -1,0 +1,173 @@
+"""``playground sessions ...``: list, show, export, import, rename and delete stored sessions.
+
+The database is ``--db PATH``, else the store's default (``$PLAYGROUND_DB``,
+``/data/playground.db``, ``./playground.db``). Read-only commands never create a database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from playground.errors import PlaygroundError
+from playground.settings import limits
+
+
+def _add_db(p: argparse.ArgumentParser, top: bool) -> None:
+    # On the subcommand the default is SUPPRESS, so `sessions --db X list` is not undone by
+    # the subparser's own default.
+    p.add_argument("--db", metavar="PATH", default=None if top else argparse.SUPPRESS,
+                   help="session database (default: $PLAYGROUND_DB, /data/playground.db or ./playground.db)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``sessions`` subcommands to ``parser``."""
+    _add_db(parser, top=True)
+    sub = parser.add_subparsers(dest="sessions_command", parser_class=type(parser), metavar="COMMAND")
+
+    ls = sub.add_parser("list", help="stored sessions, newest first")
+    ls.add_argument("--json", action="store_true", help="print a JSON list")
+    sh = sub.add_parser("show", help="one session: its lanes and their outputs")
+    sh.add_argument("id")
+    sh.add_argument("--json", action="store_true", help="print the whole session (with traces) as JSON")
+    ex = sub.add_parser("export", help="write a session as a JSON export")
+    ex.add_argument("id")
+    ex.add_argument("-o", "--output", default="-", metavar="FILE", help="file to write (default: stdout)")
+    im = sub.add_parser("import", help="store a JSON export as a new session; prints its id")
+    im.add_argument("file", help="export file, or - for stdin")
+    im.add_argument("--json", action="store_true", help='print {"id": ...}')
+    rn = sub.add_parser("rename", help="give a session a new title")
+    rn.add_argument("id")
+    rn.add_argument("title")
+    rm = sub.add_parser("delete", help="delete a session")
+    rm.add_argument("id")
+    for p in (ls, sh, ex, im, rn, rm):
+        _add_db(p, top=False)
+
+
+def _open(args: argparse.Namespace, create: bool) -> Any:
+    """The store, or None when the database does not exist and we must not create it."""
+    from playground.store import Store, default_path
+
+    path = args.db or default_path()
+    if not create and path != ":memory:" and not os.path.exists(path):
+        return None
+    return Store(path)
+
+
+def _missing(sid: str) -> PlaygroundError:
+    from playground.store import is_valid_session_id
+
+    return PlaygroundError(f"no session with id {sid}" if is_valid_session_id(sid) else "malformed session id")
+
+
+def _read_import(name: str) -> bytes:
+    """The file's bytes, refusing before reading more than the import limit (+1 to detect it)."""
+    limit = limits().max_import_bytes
+    try:
+        if name == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            size = os.path.getsize(name)
+            if size > limit:
+                raise PlaygroundError(f"the import is {size:,} bytes; the limit here is {limit:,} bytes")
+            with open(name, "rb") as f:
+                data = f.read(limit + 1)
+    except OSError as e:
+        raise PlaygroundError(f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise PlaygroundError(f"the import is over the limit of {limit:,} bytes")
+    return data
+
+
+def _date(created: str) -> str:
+    return created[:19].replace("T", " ")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a ``sessions`` subcommand; user errors raise :class:`PlaygroundError`."""
+    cmd = getattr(args, "sessions_command", None)
+    if cmd is None:
+        raise PlaygroundError("sessions needs a command: list, show, export, import, rename or delete")
+    store = _open(args, create=cmd == "import")
+    try:
+        return _COMMANDS[cmd](store, args)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _list(store: Any, args: argparse.Namespace) -> int:
+    sessions = store.list_sessions() if store is not None else []
+    if args.json:
+        print(json.dumps(sessions, ensure_ascii=False))
+        return 0
+    for s in sessions:
+        print(f"{s['id']}  {_date(s['created'])}  {s['model']:<20} {','.join(s['decoders']):<30} {s['title']}")
+    if not sessions:
+        print("no stored sessions", file=sys.stderr)
+    return 0
+
+
+def _load(store: Any, sid: str) -> dict[str, Any]:
+    if store is None:
+        raise _missing(sid)
+    return store.load_session(sid)
+
+
+def _show(store: Any, args: argparse.Namespace) -> int:
+    s = _load(store, args.id)
+    if args.json:
+        print(json.dumps(s, ensure_ascii=False))
+        return 0
+    print(f"{s['title']}\n{s['id']}  {_date(s['created'])}  model {s['model']}\nprompt: {s['prompt']}")
+    for lane, t in enumerate(s["runs"]):
+        st = t.get("stats", {})
+        print(f"\n== lane {lane}: {t['decoder']}  {st.get('new_tokens', '?')} tokens, "
+              f"{st.get('target_forwards', '?')} target forwards, finish {st.get('finish_reason', '?')}")
+        print(t["text"])
+    return 0
+
+
+def _export(store: Any, args: argparse.Namespace) -> int:
+    if store is None:
+        raise _missing(args.id)
+    text = json.dumps(store.export_session(args.id), ensure_ascii=False)
+    if args.output == "-":
+        print(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise PlaygroundError(f"cannot write {args.output}: {e.strerror or e}") from None
+    print(f"exported {args.id} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _import(store: Any, args: argparse.Namespace) -> int:
+    sid = store.import_session(_read_import(args.file))
+    print(json.dumps({"id": sid}) if args.json else sid)
+    return 0
+
+
+def _rename(store: Any, args: argparse.Namespace) -> int:
+    if store is None:
+        raise _missing(args.id)
+    store.rename_session(args.id, args.title)
+    return 0
+
+
+def _delete(store: Any, args: argparse.Namespace) -> int:
+    if store is None:
+        raise _missing(args.id)
+    store.delete_session(args.id)
+    print(f"deleted {args.id}", file=sys.stderr)
+    return 0
+
+
+_COMMANDS = {"list": _list, "show": _show, "export": _export, "import": _import,
+             "rename": _rename, "delete": _delete}

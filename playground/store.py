@@ -1,0 +1,408 @@
+"""Stored sessions: every comparison's traces in SQLite, replayable without a model (a contract).
+
+A *session* is one comparison: its title, model, prompt, UI settings and one run (a trace
+dict, see ``playground/trace.py``) per lane. Share links (``/?session=<id>``), the Sessions
+view and ``playground sessions ...`` all go through :class:`Store`.
+
+Design choices, and why:
+
+* Tables ``sessions`` and ``runs`` (one row per lane, the whole trace as JSON plus the columns
+  a listing needs), created by numbered forward migrations; ``PRAGMA user_version`` is the
+  schema version. A migration and its version bump commit together.
+* WAL journal and ``synchronous=FULL``: a save is one ``BEGIN IMMEDIATE ... COMMIT``, so a
+  process killed mid-save leaves the database as it was before the save (or after it), never
+  half-written, and readers are never blocked by a writer.
+* One connection per :class:`Store`, shared by every thread behind a lock (Gradio runs
+  callbacks in worker threads); other processes (the CLI next to the app) are serialised by
+  SQLite's own locking, with a busy timeout.
+* Session ids are ``secrets.token_urlsafe(24)``: 192 random bits, 32 url-safe characters.
+  Knowing an id is what lets someone open a session, so ids are never derived from content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import sqlite3
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import sqlite_utils
+
+from playground.errors import PlaygroundError
+from playground.settings import limits
+from playground.trace import validate_trace_dict
+
+EXPORT_FORMAT = "decoder-playground-session"
+EXPORT_VERSION = 1
+MAX_TITLE_CHARS = 200
+_ID_RE = re.compile(r"[A-Za-z0-9_-]{32}")
+_BUSY_TIMEOUT_MS = 30_000
+
+
+# ---------------------------------------------------------------------- schema migrations
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    """The first schema: sessions and their runs (one row per lane)."""
+    conn.execute("""
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            created TEXT NOT NULL,
+            title TEXT NOT NULL,
+            model TEXT NOT NULL,
+            prompt TEXT NOT NULL,
+            settings TEXT NOT NULL
+        )""")
+    conn.execute("""
+        CREATE TABLE runs (
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            lane INTEGER NOT NULL,
+            decoder TEXT NOT NULL,
+            params TEXT NOT NULL,
+            text TEXT NOT NULL,
+            stats TEXT NOT NULL,
+            trace TEXT NOT NULL,
+            PRIMARY KEY (session_id, lane)
+        )""")
+    conn.execute("CREATE INDEX sessions_by_created ON sessions(created)")
+
+
+# MIGRATIONS[k] takes a database at version k to version k + 1. Append, never edit: a
+# database made by an older playground replays only the steps it has not seen.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1]
+
+
+def schema_version() -> int:
+    """The schema version this code writes (the number of migrations)."""
+    return len(MIGRATIONS)
+
+
+# ---------------------------------------------------------------------- helpers
+def default_path() -> str:
+    """``$PLAYGROUND_DB``, else ``/data/playground.db`` where ``/data`` is writable, else ``./playground.db``."""
+    env = os.environ.get("PLAYGROUND_DB", "").strip()
+    if env:
+        return env
+    if os.path.isdir("/data") and os.access("/data", os.W_OK):
+        return "/data/playground.db"
+    return str(Path.cwd() / "playground.db")
+
+
+def is_valid_session_id(s: Any) -> bool:
+    """Whether ``s`` has the exact form of a session id (32 url-safe characters)."""
+    return isinstance(s, str) and _ID_RE.fullmatch(s) is not None
+
+
+def new_session_id() -> str:
+    """A fresh unguessable session id (192 random bits)."""
+    return secrets.token_urlsafe(24)
+
+
+def _check_id(sid: Any) -> str:
+    if not is_valid_session_id(sid):
+        # The malformed value is not echoed: it may come from a URL and end up in HTML.
+        raise PlaygroundError("malformed session id")
+    return sid
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise PlaygroundError(f"{what} cannot be stored as JSON: {e}") from None
+
+
+def _clean_title(title: Any, prompt: str = "", strict: bool = False) -> str:
+    """One line of text; an empty title becomes the start of the prompt.
+
+    Automatic saves and imports shorten an overlong title; a rename (``strict``) refuses it.
+    """
+    if title is not None and not isinstance(title, str):
+        raise PlaygroundError("a session title must be text")
+    text = " ".join((title or "").split())
+    if not text:
+        first = " ".join(prompt.split())
+        text = (first[:60] + "...") if len(first) > 60 else (first or "untitled")
+    if len(text) > MAX_TITLE_CHARS:
+        if strict:
+            raise PlaygroundError(f"a session title may have at most {MAX_TITLE_CHARS} characters")
+        text = text[: MAX_TITLE_CHARS - 3] + "..."
+    return text
+
+
+def _check_trace(trace: Any, lane: int) -> None:
+    """The trace schema plus the replay fields the contract adds (tokens, pieces)."""
+    try:
+        validate_trace_dict(trace)
+    except ValueError as e:
+        raise PlaygroundError(f"run {lane}: {e}") from None
+    tokens = trace.get("tokens")
+    if tokens is not None and not (isinstance(tokens, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in tokens.items())):
+        raise PlaygroundError(f"run {lane}: 'tokens' must map token ids to text")
+    pieces = trace.get("pieces")
+    if pieces is not None and not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)):
+        raise PlaygroundError(f"run {lane}: 'pieces' must be a list of text")
+
+
+def _check_session(title: Any, model: Any, prompt: Any, settings: Any, traces: Any) -> None:
+    for name, value in (("model", model), ("prompt", prompt)):
+        if not isinstance(value, str):
+            raise PlaygroundError(f"a session's {name} must be text")
+    if title is not None and not isinstance(title, str):
+        raise PlaygroundError("a session title must be text")
+    if not isinstance(settings, dict):
+        raise PlaygroundError("a session's settings must be a JSON object")
+    if not isinstance(traces, list) or not traces:
+        raise PlaygroundError("a session needs a list of at least one run")
+    for lane, trace in enumerate(traces):
+        _check_trace(trace, lane)
+
+
+# ---------------------------------------------------------------------- the store
+class Store:
+    """The session database. Safe to share between threads; cheap to open per process."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = str(path) if path is not None else default_path()
+        self._lock = threading.RLock()
+        try:
+            if self.path != ":memory:":
+                Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: the driver opens no implicit transactions; every write
+            # below says BEGIN IMMEDIATE / COMMIT itself, so nothing commits half a save.
+            conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
+                                   isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as e:
+            raise PlaygroundError(f"cannot open the session database {self.path}: {e}") from None
+        self.conn = conn
+        self.db = sqlite_utils.Database(conn)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            if self.path != ":memory:":
+                self.db.enable_wal()
+            conn.execute("PRAGMA synchronous = FULL")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise PlaygroundError(f"cannot use the session database {self.path}: {e}") from None
+
+    # -- plumbing
+    def close(self) -> None:
+        """Close the connection (the store cannot be used afterwards)."""
+        with self._lock:
+            self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.path!r})"
+
+    def version(self) -> int:
+        """The schema version of the open database."""
+        with self._lock:
+            return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``fn`` in one immediate transaction: all of it commits, or none of it."""
+        with self._lock:
+            conn = self.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
+
+    def _migrate(self) -> None:
+        target = schema_version()
+
+        def step(conn: sqlite3.Connection) -> None:
+            # Re-read inside the write lock: another process may have migrated meanwhile.
+            current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if current > target:
+                raise PlaygroundError(
+                    f"the session database {self.path} has schema version {current}; "
+                    f"this playground reads up to {target} (upgrade the playground)")
+            for k in range(current, target):
+                MIGRATIONS[k](conn)
+                conn.execute(f"PRAGMA user_version = {k + 1}")
+
+        with self._lock:
+            current = int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+        if current != target:
+            self._write(step)
+
+    # -- writing
+    def save_session(self, title: str, model: str, prompt: str, settings: dict[str, Any],
+                     traces: list[dict[str, Any]]) -> str:
+        """Store a comparison (one trace per lane) in one transaction; return its new id.
+
+        An empty title becomes the start of the prompt. Raises :class:`PlaygroundError` for a
+        trace that breaks the schema or settings that are not JSON.
+        """
+        _check_session(title, model, prompt, settings, traces)
+        row = {"title": _clean_title(title, prompt), "model": model, "prompt": prompt,
+               "settings": _dumps(settings, "the session settings"), "created": _now()}
+        runs = [self._run_row(lane, t) for lane, t in enumerate(traces)]
+        return self._insert(row, runs)
+
+    @staticmethod
+    def _run_row(lane: int, trace: dict[str, Any]) -> dict[str, Any]:
+        return {"lane": lane, "decoder": trace["decoder"],
+                "params": _dumps(trace["params"], f"run {lane}'s params"),
+                "text": trace["text"], "stats": _dumps(trace["stats"], f"run {lane}'s stats"),
+                "trace": _dumps(trace, f"run {lane}")}
+
+    def _insert(self, row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+        def tx(conn: sqlite3.Connection) -> str:
+            sid = new_session_id()
+            while conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+                sid = new_session_id()  # 192 random bits: never in practice, but never overwrite
+            conn.execute("INSERT INTO sessions (id, created, title, model, prompt, settings) "
+                         "VALUES (?, ?, ?, ?, ?, ?)",
+                         (sid, row["created"], row["title"], row["model"], row["prompt"], row["settings"]))
+            for run in runs:
+                self._insert_run(conn, sid, run)
+            return sid
+
+        return self._write(tx)
+
+    def _insert_run(self, conn: sqlite3.Connection, sid: str, run: dict[str, Any]) -> None:
+        conn.execute("INSERT INTO runs (session_id, lane, decoder, params, text, stats, trace) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (sid, run["lane"], run["decoder"], run["params"], run["text"], run["stats"], run["trace"]))
+
+    def rename_session(self, sid: str, title: str) -> None:
+        """Give a session a new (non-empty) title."""
+        _check_id(sid)
+        if not isinstance(title, str) or not title.strip():
+            raise PlaygroundError("a session title cannot be empty")
+        clean = _clean_title(title, strict=True)
+
+        def tx(conn: sqlite3.Connection) -> None:
+            if conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, sid)).rowcount == 0:
+                raise PlaygroundError(f"no session with id {sid}")
+
+        self._write(tx)
+
+    def delete_session(self, sid: str) -> None:
+        """Delete a session and its runs."""
+        _check_id(sid)
+
+        def tx(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM runs WHERE session_id = ?", (sid,))
+            if conn.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount == 0:
+                raise PlaygroundError(f"no session with id {sid}")
+
+        self._write(tx)
+
+    # -- reading
+    def load_session(self, sid: str) -> dict[str, Any]:
+        """The session with its runs (trace dicts in lane order): everything a replay needs."""
+        _check_id(sid)
+        with self._lock:
+            rows = list(self.db.query("SELECT * FROM sessions WHERE id = ?", [sid]))
+            if not rows:
+                raise PlaygroundError(f"no session with id {sid}")
+            runs = [json.loads(r["trace"]) for r in self.db.query(
+                "SELECT trace FROM runs WHERE session_id = ? ORDER BY lane", [sid])]
+        s = rows[0]
+        return {"id": s["id"], "title": s["title"], "created": s["created"], "model": s["model"],
+                "prompt": s["prompt"], "settings": json.loads(s["settings"]),
+                "decoders": [r["decoder"] for r in runs], "runs": runs}
+
+    def list_sessions(self) -> list[dict[str, Any]]:
+        """Every session (id, title, model, decoders in lane order, created), newest first."""
+        with self._lock:
+            sessions = list(self.db.query(
+                "SELECT rowid, id, title, model, created FROM sessions ORDER BY created DESC, rowid DESC"))
+            decoders: dict[str, list[str]] = {}
+            for r in self.db.query("SELECT session_id, decoder FROM runs ORDER BY session_id, lane"):
+                decoders.setdefault(r["session_id"], []).append(r["decoder"])
+        return [{"id": s["id"], "title": s["title"], "model": s["model"],
+                 "decoders": decoders.get(s["id"], []), "created": s["created"]} for s in sessions]
+
+    def count(self) -> int:
+        """How many sessions are stored."""
+        with self._lock:
+            return int(self.conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
+
+    # -- export / import
+    def export_session(self, sid: str) -> dict[str, Any]:
+        """The session as a JSON-ready dict that :meth:`import_session` reads back."""
+        s = self.load_session(sid)
+        return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "title": s["title"],
+                "created": s["created"], "model": s["model"], "prompt": s["prompt"],
+                "settings": s["settings"], "runs": s["runs"]}
+
+    def import_session(self, data: dict[str, Any] | str | bytes) -> str:
+        """Store an export as a new session (a new id; nothing is ever overwritten).
+
+        ``data`` is the export dict or its JSON text. Raises :class:`PlaygroundError` with one
+        line, changing nothing, for text that is not JSON, a file over
+        ``PLAYGROUND_MAX_IMPORT_BYTES``, another format or version, or a malformed trace.
+        """
+        d = parse_export(data)
+        row = {"title": _clean_title(d["title"], d["prompt"]), "model": d["model"], "prompt": d["prompt"],
+               "settings": _dumps(d["settings"], "the session settings"), "created": _now()}
+        runs = [self._run_row(lane, t) for lane, t in enumerate(d["runs"])]
+        return self._insert(row, runs)
+
+
+def parse_export(data: dict[str, Any] | str | bytes) -> dict[str, Any]:
+    """Check an export (dict or JSON text) against the size limit and the format; return the dict."""
+    limit = limits().max_import_bytes
+    if isinstance(data, dict):
+        size = len(json.dumps(data, ensure_ascii=False, default=str).encode("utf-8"))
+    elif isinstance(data, (str, bytes, bytearray)):
+        size = len(data.encode("utf-8") if isinstance(data, str) else data)
+    else:
+        raise PlaygroundError("an import must be a session export (JSON)")
+    if size > limit:
+        raise PlaygroundError(f"the import is {size:,} bytes; the limit here is {limit:,} bytes")
+    if not isinstance(data, dict):
+        try:
+            data = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise PlaygroundError(f"the import is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise PlaygroundError(f"the import is not a session export (expected format {EXPORT_FORMAT!r})")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= EXPORT_VERSION:
+        raise PlaygroundError(f"unsupported session export version {version!r} "
+                              f"(this playground reads 1..{EXPORT_VERSION})")
+    missing = [k for k in ("model", "prompt", "settings", "runs") if k not in data]
+    if missing:
+        raise PlaygroundError(f"the session export is missing field(s): {', '.join(missing)}")
+    _check_session(data.get("title"), data["model"], data["prompt"], data["settings"], data["runs"])
+    return data
+
+
+_default: Store | None = None
+_default_lock = threading.Lock()
+
+
+def default_store() -> Store:
+    """The process-wide store at :func:`default_path` (opened on first use, reopened if the path changes)."""
+    global _default
+    path = default_path()
+    with _default_lock:
+        if _default is None or _default.path != path:
+            _default = Store(path)
+        return _default
