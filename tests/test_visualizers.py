@@ -1,0 +1,352 @@
+"""Visualizers draw what the trace says: on hand-built traces, each figure is checked
+against the evidence it was built from (bars, tree nodes, heatmap cells, grid shape), every
+function survives an empty trace, and token text is escaped."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import plotly.graph_objects as go
+import pytest
+
+import visualizers as V
+from visualizers._common import ACCEPTED, REJECTED
+from visualizers.compare import first_divergence
+
+EVIL = "<script>alert(1)</script>"
+
+
+# ---------------------------------------------------------------------- trace builders
+def trace(steps, output_ids=None, tokens=None, decoder="x", done=True, **extra):
+    """A trace dict as the engine writes it, with a token map covering every id used."""
+    ids = set()
+    for s in steps:
+        ids.update(s.get("committed", []))
+    out = output_ids if output_ids is not None else [t for s in steps if s["kind"] != "denoise"
+                                                     for t in s["committed"]]
+    toks = {str(i): f"t{i}" for i in range(200)}
+    toks.update({str(k): v for k, v in (tokens or {}).items()})
+    d = {"schema": 1, "model": "m", "decoder": decoder, "params": {}, "seed": 0, "prompt": "p",
+         "prompt_ids": [1], "output_ids": out, "text": "", "stats": {}, "steps": [], "tokens": toks,
+         "done": done}
+    tf = 0
+    for i, s in enumerate(steps):
+        tf += s.pop("_fw", 1)
+        d["steps"].append({"i": i, "t": 0.01 * (i + 1), "target_forwards": tf, "draft_forwards": 0, **s})
+    d["stats"] = {"new_tokens": len(out), "target_forwards": tf, "draft_forwards": 0, "wall_s": 0.5,
+                  "finish_reason": "length" if done else None}
+    d.update(extra)
+    return d
+
+
+def token_step(chosen, top=(5, 6, 7, 8), raw=(0.5, 0.2, 0.2, 0.1), final=(0.7, 0.3, 0.0, 0.0),
+               entropy=1.2, kept=0.7):
+    top = list(top)
+    return {"kind": "token", "committed": [chosen],
+            "dist": {"top_ids": top, "top_tokens": [f"t{t}" for t in top], "raw_probs": list(raw),
+                     "final_probs": list(final), "entropy": entropy, "chosen": chosen,
+                     "chosen_rank": top.index(chosen), "kept_mass": kept}}
+
+
+def draft_step(nodes, path, correction=None, kind=None):
+    """nodes: (id, parent, token, accepted); committed = path tokens + correction."""
+    ns = [{"id": a, "parent": b, "token": c, "q": 0.5, "p": 0.4, "accept_prob": 0.8 if acc is not None else None,
+           "accepted": acc, "source": "draft-model"} for a, b, c, acc in nodes]
+    tok = {a: c for a, _, c, _ in nodes}
+    committed = [tok[n] for n in path] + ([correction] if correction is not None else [])
+    return {"kind": "draft", "committed": committed,
+            "tree": {"nodes": ns, "accepted_path": list(path), "correction": correction,
+                     "correction_kind": kind}}
+
+
+MASK = 99
+
+
+def denoise_trace(n=6, schedule=((0, 3), (1, 4), (5,), (2,)), remask_at=None):
+    """Positions committed per step (schedule); confidence = 0.1*(pos+1)."""
+    canvas = [MASK] * n
+    final = [10 + p for p in range(n)]
+    steps = []
+    for k, pos in enumerate(schedule):
+        remasked = []
+        if remask_at and remask_at[0] == k:
+            remasked = [remask_at[1]]
+            canvas[remask_at[1]] = MASK
+        for p in pos:
+            canvas[p] = final[p]
+        steps.append({"kind": "denoise", "committed": list(pos), "canvas": list(canvas), "mask_id": MASK,
+                      "unmasked": list(pos), "remasked": remasked,
+                      "confidence": [round(0.1 * (p + 1), 2) if p in pos else None for p in range(n)],
+                      "entropy": [0.5] * n, "margin": [0.3 if canvas[p] == MASK else None for p in range(n)],
+                      "block": [0, n]})
+    return trace(steps, output_ids=list(canvas))
+
+
+def by_name(fig, name):
+    return [t for t in fig.data if t.name == name]
+
+
+def figure_text(fig) -> str:
+    return fig.to_json()
+
+
+# ---------------------------------------------------------------------- token steps
+def test_distribution_bars_and_chosen_marker():
+    tr = trace([token_step(5), token_step(7)])
+    fig = V.distribution_figure(tr, 1)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert len(bars) == 2 and all(len(b.y) == 4 for b in bars)
+    assert list(bars[0].y) == [0.5, 0.2, 0.2, 0.1] and list(bars[1].y) == [0.7, 0.3, 0.0, 0.0]
+    (chosen,) = by_name(fig, "chosen")
+    assert list(chosen.x) == [2]  # token 7 is the third bar
+    assert "30.0% of the raw mass" in figure_text(fig)
+    assert list(fig.layout.xaxis.ticktext) == ["t5", "t6", "t7", "t8"]
+
+
+def test_timeline_one_point_per_token_step():
+    tr = trace([token_step(5, entropy=1.0), token_step(6, entropy=2.0), token_step(8, entropy=0.5)])
+    fig = V.timeline_figure(tr)
+    ent = by_name(fig, "entropy (nats)")[0]
+    assert list(ent.y) == [1.0, 2.0, 0.5]
+    prob = by_name(fig, "p(chosen), raw")[0]
+    assert list(prob.y) == [0.5, 0.2, 0.1]
+
+
+# ---------------------------------------------------------------------- draft steps
+def _tree_trace():
+    # chain 1-2-3 plus a sibling 4 of node 2; 1 and 2 accepted, 3 rejected, 4 never reached
+    nodes = [(1, None, 11, True), (2, 1, 12, True), (3, 2, 13, False), (4, 1, 14, None)]
+    return trace([token_step(5), draft_step(nodes, [1, 2], correction=15, kind="resample"),
+                  draft_step([(1, None, 21, True), (2, 1, 22, True)], [1, 2], correction=23, kind="bonus")])
+
+
+def test_draft_tree_nodes_path_and_correction():
+    tr = _tree_trace()
+    fig = V.draft_tree_figure(tr, 1)
+    groups = {name: by_name(fig, name) for name in ("accepted", "rejected", "never reached")}
+    assert sum(len(g[0].x) for g in groups.values() if g) == 4
+    assert list(groups["accepted"][0].customdata) == ["1", "2"]
+    assert list(groups["rejected"][0].customdata) == ["3"]
+    assert list(groups["never reached"][0].customdata) == ["4"]
+    assert groups["accepted"][0].marker.color == ACCEPTED and groups["rejected"][0].marker.color == REJECTED
+    (corr,) = by_name(fig, "correction")
+    assert list(corr.text) == ["t15"] and corr.x[0] == 3  # child of the last accepted node (depth 2)
+    # depth on x: nodes 1,2,3 on depths 1,2,3
+    xs = dict(zip(groups["accepted"][0].customdata, groups["accepted"][0].x))
+    assert xs == {"1": 1, "2": 2}
+    (bonus,) = by_name(V.draft_tree_figure(tr, 2), "bonus")
+    assert list(bonus.text) == ["t23"]
+
+
+def test_draft_tree_siblings_spread_on_y():
+    nodes = [(0, None, 11, True), (1, None, 12, False), (2, None, 13, None)]
+    fig = V.draft_tree_figure(trace([draft_step(nodes, [0], correction=None)]), 0)
+    ys = [y for t in fig.data if t.name in ("accepted", "rejected", "never reached") for y in t.y]
+    assert len(set(ys)) == 3
+
+
+def test_accepted_length_histogram_and_acceptance_timeline():
+    tr = _tree_trace()
+    h = V.accepted_length_histogram(tr)
+    (bar,) = [t for t in h.data if t.type == "bar"]
+    assert list(bar.x) == [0, 1, 2, 3] and list(bar.y) == [0, 0, 2, 0]
+    a = V.acceptance_timeline(tr)
+    assert list(by_name(a, "accepted")[0].y) == [2, 2]
+    assert list(by_name(a, "correction")[0].y) == [1, 0]
+    assert list(by_name(a, "bonus")[0].y) == [0, 1]
+    assert by_name(a, "running rate")[0].y[-1] == pytest.approx(4 / 5)  # depths 3 and 2
+
+
+# ---------------------------------------------------------------------- denoise steps
+def test_heatmap_cells_are_commit_steps():
+    tr = denoise_trace()
+    fig = V.unmask_heatmap(tr)
+    (hm,) = by_name(fig, "committed")
+    cells = {}
+    for r, row in enumerate(hm.z):
+        for p, v in enumerate(row):
+            if not (isinstance(v, float) and math.isnan(v)):
+                cells[p] = (hm.y[r], v)
+    assert cells == {0: (0, 0.1), 3: (0, 0.4), 1: (1, 0.2), 4: (1, 0.5), 5: (2, 0.6), 2: (3, 0.3)}
+
+
+def test_heatmap_shows_remasks():
+    tr = denoise_trace(schedule=((0, 3), (1, 4), (5, 3), (2,)), remask_at=(2, 3))
+    fig = V.unmask_heatmap(tr)
+    (rm,) = by_name(fig, "remasked")
+    assert list(rm.x) == [3] and list(rm.y) == [2]
+
+
+def test_canvas_shows_masks_and_commits():
+    tr = denoise_trace()
+    html1 = V.canvas_html(tr, 1)  # after step 1: positions 0,1,3,4 filled; 2,5 masked
+    assert html1.count('class="tok mask"') == 2
+    assert html1.count("tok new") == 2
+    spans = re.findall(r'<span class="tok[^"]*"[^>]*data-step="(\d+)" data-pos="(\d+)"', html1)
+    assert dict((int(p), int(s)) for s, p in spans) == {0: 0, 1: 1, 2: 1, 3: 0, 4: 1, 5: 1}
+    assert V.canvas_html(tr, 3).count('class="tok mask"') == 0
+
+
+def test_position_metrics_and_commits_per_step():
+    tr = denoise_trace()
+    fig = V.position_metrics_figure(tr, 0)
+    (conf,) = by_name(fig, "confidence")
+    assert len(conf.x) == 6 and conf.y[0] == 0.1 and conf.y[1] is None
+    c = V.commits_per_step_figure(tr)
+    assert list(by_name(c, "committed")[0].y) == [2, 2, 1, 1]
+    assert list(by_name(c, "filled so far")[0].y) == [2, 4, 5, 6]
+
+
+def test_tokens_html_diffusion_renders_canvas_with_masks():
+    tr = denoise_trace()
+    out = V.tokens_html(tr, "unmask_step", lane=1, upto_step=0)
+    assert out.count('class="tok mask"') == 4
+    assert len(re.findall(r'<span class="tok[^"]*" data-lane="1" data-step="\d+"', out)) == 6
+
+
+# ---------------------------------------------------------------------- beam & jacobi
+def test_beam_tree_node_count_and_edges():
+    steps = [
+        {"kind": "beam", "committed": [], "beams": [{"ids": [5], "score": -0.1, "parent": None, "finished": False},
+                                                     {"ids": [6], "score": -0.9, "parent": None, "finished": False}]},
+        {"kind": "beam", "committed": [], "beams": [{"ids": [5, 7], "score": -0.3, "parent": 0, "finished": False},
+                                                     {"ids": [5, 8], "score": -1.0, "parent": 0, "finished": True}]},
+        {"kind": "beam", "committed": [5, 7, 9], "beams": [{"ids": [5, 7, 9], "score": -0.5, "finished": False}]},
+    ]
+    tr = trace(steps)
+    fig = V.beam_tree_figure(tr, 2)
+    (nodes,) = by_name(fig, "beams")
+    assert len(nodes.x) == 5
+    assert list(nodes.marker.symbol).count("square") == 1
+    bold = by_name(fig, "lineage")[0]
+    # lineage of the live beam: 0@0 -> 0@1 -> 0@2 (parent inferred from ids at the last step)
+    assert [v for v in bold.y if v is not None] == [0, 0, 0, 0]
+    assert len(by_name(V.beam_tree_figure(tr, 0), "beams")[0].x) == 2
+
+
+def test_jacobi_grid_shape():
+    steps = [{"kind": "jacobi", "committed": [5], "guess": [5, 6, 7, 8], "converged": 1},
+             {"kind": "jacobi", "committed": [6, 9], "guess": [6, 9, 10, 11], "converged": 2},
+             {"kind": "jacobi", "committed": [10], "guess": [10, 11, 12], "converged": 1}]
+    tr = trace(steps)
+    fig = V.jacobi_grid_figure(tr, 2)
+    (hm,) = [t for t in fig.data if t.type == "heatmap"]
+    assert len(hm.z) == 3 and all(len(r) == 4 for r in hm.z)
+    assert hm.z[1][0] == 0 and hm.z[1][1] == 0  # converged prefix of 2
+    assert hm.z[1][2] == 1  # output position 3 was guessed 8, now 10: changed
+    assert hm.z[2][1] == 2  # output position 4 stayed 11: unchanged
+    assert math.isnan(hm.z[2][3])  # the last window is one shorter
+
+
+# ---------------------------------------------------------------------- comparison strip
+def test_progress_one_trace_per_lane():
+    a = trace([token_step(5), token_step(6), token_step(7)])
+    b = trace([draft_step([(1, None, 5, True), (2, 1, 6, True)], [1, 2], correction=7, kind="bonus")])
+    fig = V.progress_figure([a, b, trace([])])
+    assert len(fig.data) == 3
+    assert list(fig.data[0].y) == [0, 1, 2, 3] and list(fig.data[1].y) == [0, 3]
+    assert list(fig.data[0].x) == [0, 1, 2, 3]
+
+
+def test_divergence_finds_first_differing_position():
+    assert first_divergence([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert first_divergence([1, 2], [1, 2, 3]) is None
+    a = trace([token_step(5), token_step(6), token_step(7), token_step(8)])
+    b = trace([token_step(5), token_step(6), token_step(8), token_step(8)])
+    c = trace([token_step(5), token_step(6), token_step(7)])
+    out = V.divergence_html([a, b, c])
+    assert 'data-first="2"' in out
+    assert 'data-lane="1" data-diverge="2"' in out and 'data-lane="2" data-diverge=""' in out
+
+
+# ---------------------------------------------------------------------- output HTML
+def test_tokens_html_escapes_and_every_span_has_step():
+    tr = trace([token_step(5), token_step(6)], tokens={5: EVIL, 6: "a & b"})
+    for metric in ("probability", "entropy", "acceptance", "unmask_step", "none", "bogus"):
+        out = V.tokens_html(tr, metric, lane=2)
+        assert "<script>" not in out and "&lt;script&gt;" in out and "a &amp; b" in out
+        spans = re.findall(r"<span[^>]*>", out)
+        assert len(spans) == 2 and all('data-step="' in s and 'data-lane="2"' in s for s in spans)
+    plots = [V.distribution_figure(tr, 0), V.timeline_figure(tr)]
+    assert all("<script>" not in f.to_json() for f in plots)
+
+
+def test_tokens_html_steps_colours_and_upto():
+    tr = _tree_trace()
+    out = V.tokens_html(tr, "acceptance")
+    steps = re.findall(r'data-step="(\d+)"', out)
+    assert steps == ["0", "1", "1", "1", "2", "2", "2"]
+    assert out.count("rgba(34,165,91") == 4 and out.count("rgba(240,122,26") == 1 and out.count("rgba(59,130,246") == 1
+    assert len(re.findall(r'data-step="', V.tokens_html(tr, "none", upto_step=1))) == 4
+
+
+def test_tokens_html_uses_final_output_and_pieces():
+    tr = trace([token_step(5), token_step(6), token_step(7)], output_ids=[5, 6], pieces=["A", "B"])
+    out = V.tokens_html(tr, "probability")
+    assert re.findall(r">([^<]*)</span>", out) == ["A", "B"]
+
+
+def test_plot_text_is_escaped_everywhere():
+    nodes = [(1, None, 5, True)]
+    tr = trace([draft_step(nodes, [1], correction=5, kind="resample")], tokens={5: EVIL})
+    figs = [V.draft_tree_figure(tr, 0)] + [f for _, f in V.run_figures(tr)]
+    for f in figs:
+        assert "<script>" not in f.to_json()
+    assert "<script>" not in V.divergence_html([tr, tr])
+
+
+def test_stats_line():
+    tr = trace([token_step(5), token_step(6)])
+    line = V.stats_line(tr)
+    assert "2 tokens" in line and "2 target forwards" in line and "1.00 tokens/forward" in line
+    assert "4.0 tokens/s" in line
+    assert "acceptance 80%" in V.stats_line(_tree_trace())
+
+
+def test_legend_for_every_metric():
+    for m in ("probability", "entropy", "acceptance", "unmask_step", "none"):
+        assert V.legend_html(m).startswith('<div class="tok-legend"')
+
+
+# ---------------------------------------------------------------------- robustness
+EMPTY_CASES = [trace([]), {}, {"steps": None}, {"steps": [{"kind": "token"}]},
+               {"steps": [{"kind": "draft", "tree": {}}]}, {"steps": [{"kind": "denoise", "canvas": None}]},
+               {"steps": [{"kind": "beam"}]}, {"steps": [{"kind": "jacobi", "guess": None}]},
+               {"steps": [{"kind": "token", "dist": {"top_ids": [1], "raw_probs": [None]}}]},
+               {"steps": [{"kind": "draft", "tree": {"nodes": [{"id": 1, "parent": 1}], "accepted_path": [7]}}]}]
+
+
+@pytest.mark.parametrize("tr", EMPTY_CASES)
+def test_every_function_survives_empty_and_partial_traces(tr):
+    figs = [V.distribution_figure(tr, 0), V.timeline_figure(tr), V.draft_tree_figure(tr, 0),
+            V.accepted_length_histogram(tr), V.acceptance_timeline(tr), V.unmask_heatmap(tr),
+            V.position_metrics_figure(tr, 0), V.commits_per_step_figure(tr), V.beam_tree_figure(tr, 0),
+            V.jacobi_grid_figure(tr, 5), V.progress_figure([tr, tr]), V.progress_figure([])]
+    assert all(isinstance(f, go.Figure) for f in figs)
+    for m in ("probability", "entropy", "acceptance", "unmask_step", "none"):
+        assert isinstance(V.tokens_html(tr, m), str) and isinstance(V.tokens_html(tr, m, upto_step=3), str)
+    assert isinstance(V.canvas_html(tr, 0), str) and isinstance(V.stats_line(tr), str)
+    assert isinstance(V.divergence_html([tr, tr]), str) and isinstance(V.divergence_html([]), str)
+    assert V.step_count(tr) == len(tr.get("steps") or [])
+    for title, f in V.step_figures(tr, 0) + V.run_figures(tr):
+        assert isinstance(title, str) and isinstance(f, (go.Figure, str))
+
+
+def test_wrong_kind_gives_a_note():
+    tr = trace([token_step(5)])
+    fig = V.draft_tree_figure(tr, 0)
+    assert "token step" in fig.layout.annotations[0].text
+
+
+def test_step_figures_follow_the_step_kind():
+    tr = _tree_trace()
+    assert [t for t, _ in V.step_figures(tr, 0)] == ["Distribution"]
+    assert [t for t, _ in V.step_figures(tr, 1)] == ["Draft tree"]
+    assert [t for t, _ in V.step_figures(tr, 99)] == ["Draft tree"]  # clamped
+    titles = [t for t, _ in V.run_figures(tr)]
+    assert titles == ["Entropy and probability", "Accepted length", "Acceptance over time"]
+    d = denoise_trace()
+    kinds = [(t, type(f).__name__) for t, f in V.step_figures(d, 0)]
+    assert kinds == [("Canvas", "str"), ("Per-position metrics", "Figure")]
+    assert V.step_count(d) == 4

@@ -1,0 +1,101 @@
+"""Visualizers: pure functions from trace dicts to plotly figures or escaped HTML.
+
+The page calls :func:`step_figures` (the plots of one step, chosen by the step's kind),
+:func:`run_figures` (whole-run plots), :func:`step_count`, and the token/compare
+functions; so a new trace kind plugs in here without changes to the UI. Every function
+accepts an empty or partial trace (a live snapshot with no steps yet, a trace missing an
+optional field) and returns a figure with a note instead of raising. None of them
+touches a model: a stored trace replays with every plot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+import plotly.graph_objects as go
+
+from visualizers._common import empty_figure, kinds_in, pick_step, steps_of
+from visualizers.beam import beam_tree_figure
+from visualizers.canvas import canvas_html, commits_per_step_figure, position_metrics_figure, unmask_heatmap
+from visualizers.compare import divergence_html, progress_figure
+from visualizers.dist import distribution_figure, timeline_figure
+from visualizers.jacobi import jacobi_grid_figure
+from visualizers.tokens import legend_html, stats_line, tokens_html
+from visualizers.tree import accepted_length_histogram, acceptance_timeline, draft_tree_figure
+
+Plot = Union[go.Figure, str]
+
+# The plots of one step, by step kind: (title, function(trace, step)).
+STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot]]]] = {
+    "token": [("Distribution", distribution_figure)],
+    "draft": [("Draft tree", draft_tree_figure)],
+    "denoise": [("Canvas", canvas_html), ("Per-position metrics", position_metrics_figure)],
+    "beam": [("Beam tree", beam_tree_figure)],
+    "jacobi": [("Jacobi grid", jacobi_grid_figure)],
+}
+
+# Whole-run plots, by the step kinds a trace contains.
+RUN_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figure]]]] = {
+    "token": [("Entropy and probability", timeline_figure)],
+    "draft": [("Accepted length", accepted_length_histogram), ("Acceptance over time", acceptance_timeline)],
+    "denoise": [("Unmasking heatmap", unmask_heatmap), ("Commits per step", commits_per_step_figure),
+                ("Confidence over steps", timeline_figure)],
+    "beam": [("Beam scores", timeline_figure)],
+    "jacobi": [("Jacobi convergence", timeline_figure)],
+}
+
+
+def step_count(trace: dict[str, Any]) -> int:
+    """Number of steps in a trace (0 for an empty or malformed one)."""
+    return len(steps_of(trace))
+
+
+def _safe(title: str, fn: Callable[..., Plot], *args: Any) -> Plot:
+    """Call a plot function; a bug on odd evidence becomes a note, not a broken page."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - the inspector must never take the page down
+        note = f"could not draw this plot: {type(e).__name__}"
+        if fn in (canvas_html,):
+            import html
+
+            return f'<div class="note">{html.escape(note)}</div>'
+        return empty_figure(note, title)
+
+
+def step_figures(trace: dict[str, Any], step: int) -> list[tuple[str, Plot]]:
+    """The plots for the kind of step ``step`` (clamped into range): (title, figure or HTML)."""
+    i, s = pick_step(trace, step)
+    if s is None:
+        return [("Step", empty_figure("no steps yet", "Step"))]
+    plots = STEP_PLOTS.get(str(s.get("kind")))
+    if not plots:
+        return [("Step", empty_figure(f"no plot for {s.get('kind')!r} steps yet", "Step"))]
+    return [(title, _safe(title, fn, trace, i)) for title, fn in plots]
+
+
+def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
+    """Whole-run plots for the step kinds in the trace (each plot once)."""
+    kinds = kinds_in(trace)
+    if not kinds:
+        return [("Run", empty_figure("no steps yet", "Run"))]
+    out: list[tuple[str, go.Figure]] = []
+    seen: set[Any] = set()
+    for k in kinds:
+        for title, fn in RUN_PLOTS.get(k, []):
+            if fn in seen:
+                continue
+            seen.add(fn)
+            out.append((title, _safe(title, fn, trace)))
+    return out or [("Run", empty_figure("no whole-run plot for this trace", "Run"))]
+
+
+__all__ = [
+    "STEP_PLOTS", "RUN_PLOTS", "step_count", "step_figures", "run_figures",
+    "tokens_html", "legend_html", "stats_line",
+    "distribution_figure", "timeline_figure",
+    "draft_tree_figure", "accepted_length_histogram", "acceptance_timeline",
+    "canvas_html", "unmask_heatmap", "position_metrics_figure", "commits_per_step_figure",
+    "beam_tree_figure", "jacobi_grid_figure",
+    "progress_figure", "divergence_html",
+]

@@ -1,0 +1,193 @@
+"""Shared pieces of the visualizers: colours, the figure look, token text, step lookup.
+
+Everything here is tolerant of partial traces: a live snapshot may have no steps yet, an
+older or newer decoder may leave an optional evidence field out, and a stored trace may
+come from a version that wrote ``null`` where a number is expected. Helpers return
+``None``/empty values instead of raising, and the figure builders turn those into a
+figure with a note.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable
+
+import plotly.graph_objects as go
+
+# One palette for every plot and for the coloured output, so a colour means the same
+# thing everywhere (accepted draft token = green, in the tree, the histogram and the text).
+ACCEPTED = "#22a55b"
+REJECTED = "#e5484d"
+UNREACHED = "#9aa1ab"
+CORRECTION = "#f07a1a"
+BONUS = "#3b82f6"
+RAW = "#94a3b8"
+FINAL = "#6366f1"
+CHOSEN = "#f5a524"
+ENTROPY = "#8b5cf6"
+MASK = "#9aa1ab"
+LANE_COLOURS = ["#6366f1", "#f07a1a", "#22a55b", "#e5484d", "#0ea5e9", "#d946ef"]
+
+# Neutral ink: readable on both a light and a dark page, since the figures sit on the
+# page background (transparent paper) whatever Gradio theme the user runs.
+INK = "#7d8590"
+GRID = "rgba(128,128,128,0.22)"
+HEIGHT = 450
+
+
+def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, **more: Any) -> go.Figure:
+    """Apply the shared look: transparent background, neutral ink, compact margins."""
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        height=height,
+        margin={"l": 52, "r": 20, "t": 56, "b": 44},
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="rgba(128,128,128,0.05)",
+        font={"color": INK, "size": 12},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0,
+                "bgcolor": "rgba(0,0,0,0)"},
+        hoverlabel={"font": {"size": 12}},
+        bargap=0.18,
+    )
+    fig.update_xaxes(gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    fig.update_yaxes(gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    if more:
+        fig.update_layout(**more)
+    return fig
+
+
+def empty_figure(note: str, title: str = "") -> go.Figure:
+    """A blank figure that says why it is blank (no steps yet, wrong step kind, ...)."""
+    fig = go.Figure()
+    base_layout(fig, plot_text(title), height=HEIGHT)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.add_annotation(text=plot_text(note), x=0.5, y=0.5, xref="paper", yref="paper",
+                       showarrow=False, font={"size": 14, "color": INK})
+    return fig
+
+
+# ---------------------------------------------------------------------- token text
+def token_text(trace: dict[str, Any], token_id: Any) -> str:
+    """Display text of a token id from the trace's own ``tokens`` map ("#id" if absent)."""
+    if token_id is None:
+        return ""
+    tokens = trace.get("tokens") if isinstance(trace, dict) else None
+    if isinstance(tokens, dict):
+        s = tokens.get(str(token_id))
+        if s is None:
+            s = tokens.get(token_id)  # a dict built in Python may key by int
+        if isinstance(s, str):
+            return s
+    return f"#{token_id}"
+
+
+def visible(s: str) -> str:
+    """Make whitespace visible in a short label: newline, tab, and edge spaces."""
+    s = s.replace("\r", "").replace("\n", "↵").replace("\t", "→")
+    if s.startswith(" "):
+        s = "␣" + s[1:]
+    if s.endswith(" ") and len(s) > 1:
+        s = s[:-1] + "␣"
+    return s or "∅"
+
+
+def plot_text(s: Any) -> str:
+    """Text that plotly may render as HTML: escape ``&``, ``<``, ``>``.
+
+    Quotes stay as they are: plotly decodes only a few named entities, so ``&quot;``
+    would show literally, and quotes are harmless in its text nodes.
+    """
+    return html.escape(str(s), quote=False)
+
+
+def label(trace: dict[str, Any], token_id: Any, limit: int = 14) -> str:
+    """A short, escaped, whitespace-visible label of a token for a plot."""
+    s = visible(token_text(trace, token_id))
+    if len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return plot_text(s)
+
+
+# ---------------------------------------------------------------------- steps
+def steps_of(trace: Any) -> list[dict[str, Any]]:
+    """The trace's steps (an empty list for anything that is not a trace with steps)."""
+    if not isinstance(trace, dict):
+        return []
+    steps = trace.get("steps")
+    return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+
+
+def pick_step(trace: Any, step: Any) -> tuple[int, dict[str, Any] | None]:
+    """The step at index ``step`` (clamped into range; ``None`` means the last)."""
+    steps = steps_of(trace)
+    if not steps:
+        return -1, None
+    try:
+        i = len(steps) - 1 if step is None else int(step)
+    except (TypeError, ValueError):
+        i = len(steps) - 1
+    i = max(0, min(i, len(steps) - 1))
+    return i, steps[i]
+
+
+def num(x: Any) -> float | None:
+    """A finite float, or None for null / NaN / anything that is not a number."""
+    if isinstance(x, bool) or x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def ints(xs: Any) -> list[int]:
+    """The integers of a list (others dropped); an empty list for a non-list."""
+    if not isinstance(xs, (list, tuple)):
+        return []
+    out = []
+    for x in xs:
+        if isinstance(x, bool):
+            continue
+        if isinstance(x, int):
+            out.append(x)
+        elif isinstance(x, float) and x.is_integer():
+            out.append(int(x))
+    return out
+
+
+def at(xs: Any, j: int) -> Any:
+    """``xs[j]`` when ``xs`` is a list long enough, else None."""
+    if isinstance(xs, (list, tuple)) and 0 <= j < len(xs):
+        return xs[j]
+    return None
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number for hover text ("–" when missing)."""
+    v = num(x)
+    if v is None:
+        return "–"
+    return f"{v:.{digits}f}"
+
+
+def kinds_in(trace: Any) -> list[str]:
+    """Step kinds present in a trace, in order of first appearance."""
+    seen: list[str] = []
+    for s in steps_of(trace):
+        k = s.get("kind")
+        if isinstance(k, str) and k not in seen:
+            seen.append(k)
+    return seen
+
+
+def wrong_kind(i: int, step: dict[str, Any], want: str, title: str) -> go.Figure:
+    """The note figure for a step whose kind has no such plot."""
+    return empty_figure(f"step {i} is a {step.get('kind', '?')} step; this plot is for {want} steps", title)
+
+
+def join(parts: Iterable[str], sep: str = " · ") -> str:
+    """Join non-empty parts."""
+    return sep.join(p for p in parts if p)
