@@ -1,11 +1,22 @@
-"""Family ``sampling``: greedy decoding (the reference every lossless decoder must match)."""
+"""Family ``sampling``: greedy decoding, ``sample`` with the composable processor chain, and
+the convenience presets of that chain (``top_k``, ``top_p``, ``min_p``, ``typical``,
+``epsilon``, ``eta``, ``xtc``, ``mirostat``).
+
+Every sampler draws the token at position ``pos`` by inverse CDF with the run's common
+random number ``ctx.uniform(pos)`` (see :func:`decoders.ar.sample_index`), so two samplers
+run with the same seed differ by their rule, not by their luck.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, ClassVar, Iterator
 
-from decoders.ar import greedy_probs, token_loop
-from decoders.base import Context, Decoder, Params, register
+import torch
+
+from decoders.ar import greedy_probs, sample_index, token_loop
+from decoders.base import Context, Decoder, Float, Int, Param, Params, register
+from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
+                                 build_chain, chain_params, check_chain)
 from playground.trace import Step
 
 
@@ -22,3 +33,171 @@ class Greedy(Decoder):
 
     def run(self, ctx: Context) -> Iterator[Step]:
         yield from token_loop(ctx, lambda logits, pos, out: greedy_probs(logits), self)
+
+
+def chain_picker(ctx: Context, chain: Chain, stages_out: list[list[dict[str, Any]]]):
+    """A ``token_loop`` picker that runs ``chain`` and draws with ``ctx.uniform(pos)``.
+
+    The per-stage evidence of the latest step is left in ``stages_out[0]``.
+    """
+    prompt = list(ctx.prompt_ids)
+
+    def pick(logits: torch.Tensor, pos: int, out: list[int]) -> tuple[torch.Tensor, int]:
+        h = History(ids=prompt + out, prompt_len=len(prompt), pos=pos, uniform=ctx.uniform)
+        stages: list[dict[str, Any]] = []
+        final = chain.probs(logits, h, stages)
+        tok = sample_index(final, ctx.uniform(pos))
+        chain.observe(tok, final)
+        stages_out[0] = stages
+        return final, tok
+
+    return pick
+
+
+class ChainDecoder(Decoder):
+    """A causal sampler defined by a processor chain built from chain knobs."""
+
+    family = "sampling"
+    kind = "causal"
+
+    def chain_knobs(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The full set of chain knobs these decoder knobs stand for."""
+        return {**CHAIN_DEFAULTS, **params}
+
+    def run(self, ctx: Context) -> Iterator[Step]:
+        knobs = self.chain_knobs(ctx.params)
+        chain = build_chain(knobs, ctx.target.tokenizer, ctx.target.vocab_size)
+        self.extra_stats["chain"] = chain.labels
+        stages: list[list[dict[str, Any]]] = [[]]
+        for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
+            step.evidence["chain"] = stages[0]
+            yield step
+
+    def is_lossy(self, params: dict[str, Any]) -> bool:
+        return bool(active_items(self.chain_knobs(params)))
+
+
+@register
+class Sample(ChainDecoder):
+    """Ancestral sampling through one composable, user-ordered logits-processor chain.
+
+    Implements: penalties (repetition as CTRL/transformers over the context; presence and
+    frequency as OpenAI over generated tokens), DRY, no-repeat-n-gram, top-nσ, top-k,
+    locally typical, top-p, min-p, ε, η, XTC, temperature (0 = greedy) and mirostat v2;
+    each rule is active only when its knob is not neutral, and they run in ``order``
+    (llama.cpp's default: penalties first, temperature last). The token is drawn by
+    inverse CDF with the common random number ``ctx.uniform(pos)``.
+    Simplifies: rules act on one sequence (no batching); see each processor's docstring.
+    """
+
+    name = "sample"
+    params = ChainParams(**chain_params())
+    reference = "Ancestral sampling; processor chain after llama.cpp's sampler chain (see each rule)"
+    description = "Sample through a user-ordered chain: penalties, DRY, top-k/p, min-p, typical, ε, η, top-nσ, XTC, mirostat"
+
+
+class PresetParams(Params):
+    """A preset's knobs; validation maps them onto the chain and checks it."""
+
+    def __init__(self, mapping: dict[str, str], **specs: Param) -> None:
+        super().__init__(**specs)
+        self.mapping = mapping
+
+    def validate(self, decoder: str, given: dict[str, Any]) -> dict[str, Any]:
+        out = super().validate(decoder, given)
+        check_chain(decoder, {self.mapping.get(k, k): v for k, v in out.items()})
+        return out
+
+
+class Preset(ChainDecoder):
+    """A named preset of the ``sample`` chain: its own knobs map onto chain knobs."""
+
+    mapping: ClassVar[dict[str, str]] = {}
+    fixed: ClassVar[dict[str, Any]] = {}
+
+    def chain_knobs(self, params: dict[str, Any]) -> dict[str, Any]:
+        mapped = {self.mapping.get(k, k): v for k, v in params.items()}
+        return {**CHAIN_DEFAULTS, **self.fixed, **mapped}
+
+
+def _temperature() -> Float:
+    return Float(1.0, 0.0, 10.0, "divide logits by this (applied after the filter); 0 = greedy")
+
+
+def _preset(name: str, mapping: dict[str, str], specs: dict[str, Param], reference: str,
+            description: str, doc: str, fixed: dict[str, Any] | None = None) -> type[Preset]:
+    cls = type(name.title().replace("_", ""), (Preset,), {
+        "name": name, "mapping": mapping, "fixed": dict(fixed or {}),
+        "params": PresetParams(mapping, **specs, temperature=_temperature()),
+        "reference": reference, "description": description, "__doc__": doc,
+        "__module__": __name__,
+    })
+    return register(cls)
+
+
+TopK = _preset(
+    "top_k", {"k": "top_k"}, {"k": Int(50, 1, 1_000_000, "keep the k most probable tokens")},
+    "Fan et al. 2018, Hierarchical Neural Story Generation",
+    "Sample from the k most probable tokens",
+    """Top-k sampling: keep the k most probable tokens, then temperature, then draw.
+
+    A preset of the ``sample`` chain (top_k then temperature). Ties with the k-th token
+    are kept, as in transformers.""")
+
+TopP = _preset(
+    "top_p", {"p": "top_p"}, {"p": Float(0.9, 0.0, 1.0, "keep the smallest set with this much mass")},
+    "Holtzman et al. 2020, The Curious Case of Neural Text Degeneration",
+    "Nucleus sampling: the smallest top set holding p of the mass",
+    """Nucleus (top-p) sampling: keep the smallest set of top tokens whose mass reaches p.
+
+    A preset of the ``sample`` chain (top_p then temperature, llama.cpp's order; transformers
+    applies temperature first).""")
+
+MinP = _preset(
+    "min_p", {"p": "min_p"}, {"p": Float(0.1, 0.0, 1.0, "keep tokens with p >= this times p(top)")},
+    "Nguyen et al. 2024, Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM Outputs",
+    "Keep tokens at least p times as probable as the top one",
+    """Min-p sampling: keep tokens whose probability is at least p times the top token's.
+
+    A preset of the ``sample`` chain (min_p then temperature, as the paper recommends).""")
+
+Typical = _preset(
+    "typical", {"p": "typical_p"}, {"p": Float(0.9, 0.0, 1.0, "mass of the most typical tokens to keep")},
+    "Meister et al. 2023, Locally Typical Sampling (TACL)",
+    "Keep the tokens whose surprisal is closest to the entropy",
+    """Locally typical sampling: keep the tokens whose surprisal is closest to the
+    distribution's entropy, up to mass p. A preset of the ``sample`` chain.""")
+
+Epsilon = _preset(
+    "epsilon", {"epsilon": "epsilon"}, {"epsilon": Float(3e-4, 0.0, 1.0, "drop tokens below this probability")},
+    "Hewitt et al. 2022, Truncation Sampling as Language Model Desmoothing",
+    "Drop tokens below a fixed probability epsilon",
+    """Epsilon sampling: drop every token whose probability is below epsilon (the top one
+    always stays). A preset of the ``sample`` chain.""")
+
+Eta = _preset(
+    "eta", {"eta": "eta"}, {"eta": Float(2e-3, 0.0, 1.0, "epsilon of the entropy-dependent cut-off")},
+    "Hewitt et al. 2022, Truncation Sampling as Language Model Desmoothing",
+    "Drop tokens below min(eta, sqrt(eta)·e^-H)",
+    """Eta sampling: drop tokens below min(eta, sqrt(eta) * exp(-entropy)), a cut-off that
+    loosens when the distribution is flat. A preset of the ``sample`` chain.""")
+
+XTC = _preset(
+    "xtc", {"threshold": "xtc_threshold", "probability": "xtc_probability"},
+    {"threshold": Float(0.1, 0.0, 0.5, "tokens at or above this probability are top choices"),
+     "probability": Float(0.5, 0.0, 1.0, "chance per step of excluding the top choices")},
+    "p-e-w 2024, Exclude Top Choices (XTC), text-generation-webui #6335",
+    "Sometimes remove every top choice but the least probable one",
+    """XTC (exclude top choices): with the given probability per step (coin = common random
+    number ``uniform(pos, "xtc")``), remove all tokens at or above the threshold except the
+    least probable of them. A preset of the ``sample`` chain.""")
+
+Mirostat = _preset(
+    "mirostat", {"tau": "mirostat_tau", "eta": "mirostat_eta"},
+    {"tau": Float(5.0, 0.01, 20.0, "target surprise (bits per token)"),
+     "eta": Float(0.1, 0.0, 1.0, "learning rate of mu")},
+    "Basu et al. 2021, Mirostat: A Neural Text Decoding Algorithm that Directly Controls Perplexity",
+    "Mirostat v2: adapt a surprise cut-off so perplexity stays near tau",
+    """Mirostat 2.0: truncate tokens whose surprise exceeds mu, draw, and move mu towards
+    the target surprise tau. A preset of the ``sample`` chain (temperature, then mirostat,
+    as in llama.cpp).""")

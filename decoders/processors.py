@@ -1,0 +1,615 @@
+"""The composable logits-processor chain of the ``sampling`` family.
+
+One small class per rule, each mapping 1-D float32 logits to 1-D float32 logits (a
+filtered-out token gets ``-inf``). :func:`build_chain` turns a decoder's knobs and the
+user's ``order`` into a :class:`Chain`, keeping only the processors whose knob is not
+neutral, in the order the user gave (like llama.cpp's sampler chain).
+
+The rules follow their references and, where transformers implements the same rule,
+transformers' arithmetic (``transformers.generation.logits_process``), so that the
+filtered distributions agree exactly; ``tests/test_processors.py`` checks this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+
+from decoders.base import Float, Int, Params, PlaygroundError, Text
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class History:
+    """What a processor may look at besides the logits, at one decoding position.
+
+    ``ids`` is the whole context (prompt then generated tokens), ``prompt_len`` where the
+    generated part starts, ``pos`` the index of the token being chosen (0 = first new
+    token) and ``uniform(index, stream)`` the run's common random numbers.
+    """
+
+    ids: Sequence[int]
+    prompt_len: int
+    pos: int
+    uniform: Callable[[int, str], float] = field(default=lambda i, s="sample": 0.5)
+
+    @property
+    def generated(self) -> Sequence[int]:
+        """The tokens generated so far (no prompt)."""
+        return self.ids[self.prompt_len:]
+
+
+class Processor:
+    """One rule of the chain. Subclasses set ``item`` (its name in ``order``) and ``__call__``."""
+
+    item: ClassVar[str] = ""
+    title: ClassVar[str] = ""  # the name in the trace, when it differs from ``item``
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        raise NotImplementedError
+
+    def observe(self, token: int, final_probs: torch.Tensor) -> None:
+        """Learn from the token actually drawn (only stateful rules such as mirostat care)."""
+
+    @property
+    def label(self) -> str:
+        """A short text for the trace, e.g. ``top_k(k=40)``."""
+        args = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                         for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{self.title or self.item}({args})"
+
+
+def _masked(logits: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(remove, NEG_INF)
+
+
+def _keep_max(logits: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
+    """Never remove the most probable token (transformers' ``min_tokens_to_keep=1``)."""
+    return remove & (logits < logits.max())
+
+
+# ---------------------------------------------------------------------- penalties
+def _window(h: History, last_n: int) -> Sequence[int]:
+    return h.ids[-last_n:] if last_n > 0 else h.ids
+
+
+class RepetitionPenalty(Processor):
+    """CTRL's repetition penalty (Keskar et al. 2019) as transformers applies it.
+
+    Every token present in the context (prompt included; the last ``last_n`` tokens if
+    set) has its logit divided by ``penalty`` when positive and multiplied when negative.
+    """
+
+    item = "penalties"
+    title = "repetition_penalty"
+
+    def __init__(self, penalty: float, last_n: int = 0) -> None:
+        self.penalty, self.last_n = penalty, last_n
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        ids = _window(h, self.last_n)
+        if not ids:
+            return logits
+        idx = torch.tensor(sorted(set(int(i) for i in ids if 0 <= int(i) < logits.numel())), dtype=torch.long)
+        if idx.numel() == 0:
+            return logits
+        seen = logits[idx]
+        out = logits.clone()
+        out[idx] = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
+        return out
+
+
+def _counts(h: History, last_n: int, size: int) -> torch.Tensor:
+    """How often each token was generated (OpenAI counts sampled tokens, not the prompt)."""
+    gen = list(h.generated)
+    if last_n > 0:
+        gen = gen[-last_n:]
+    gen = [t for t in gen if 0 <= t < size]
+    c = torch.zeros(size, dtype=torch.float32)
+    if gen:
+        c.index_add_(0, torch.tensor(gen, dtype=torch.long), torch.ones(len(gen)))
+    return c
+
+
+class PresencePenalty(Processor):
+    """OpenAI's presence penalty: subtract ``alpha`` once from every token generated before."""
+
+    item = "penalties"
+    title = "presence_penalty"
+
+    def __init__(self, alpha: float, last_n: int = 0) -> None:
+        self.alpha, self.last_n = alpha, last_n
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        c = _counts(h, self.last_n, logits.numel())
+        return logits - self.alpha * (c > 0).float()
+
+
+class FrequencyPenalty(Processor):
+    """OpenAI's frequency penalty: subtract ``alpha`` times the token's generated count."""
+
+    item = "penalties"
+    title = "frequency_penalty"
+
+    def __init__(self, alpha: float, last_n: int = 0) -> None:
+        self.alpha, self.last_n = alpha, last_n
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        return logits - self.alpha * _counts(h, self.last_n, logits.numel())
+
+
+class NoRepeatNGram(Processor):
+    """Ban every token that would complete an n-gram already present in the context."""
+
+    item = "no_repeat_ngram"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        n, ids = self.n, list(h.ids)
+        if len(ids) < n:
+            return logits
+        t = torch.tensor(ids, dtype=torch.long)
+        windows = t.unfold(0, n, 1)
+        prefix = t[len(ids) - (n - 1):] if n > 1 else t[:0]
+        match = (windows[:, :-1] == prefix).all(dim=1)
+        banned = windows[match, -1]
+        banned = banned[banned < logits.numel()]
+        remove = torch.zeros_like(logits, dtype=torch.bool)
+        remove[banned] = True
+        return _masked(logits, remove)
+
+
+_BREAKER_CACHE: dict[tuple[int, tuple[str, ...]], frozenset[int]] = {}
+
+
+def breaker_ids(tokenizer: Any, breakers: Sequence[str], vocab_size: int) -> frozenset[int]:
+    """Ids of the tokens whose text contains a DRY sequence breaker (cached per tokenizer)."""
+    key = (id(tokenizer), tuple(breakers))
+    hit = _BREAKER_CACHE.get(key)
+    if hit is None:
+        out = set()
+        for i in range(vocab_size):
+            try:
+                s = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            except Exception:  # noqa: BLE001 - ids past the tokenizer's table have no text
+                continue
+            if any(b and b in s for b in breakers):
+                out.add(i)
+        hit = _BREAKER_CACHE[key] = frozenset(out)
+    return hit
+
+
+class DRY(Processor):
+    """DRY, "Don't Repeat Yourself" (p-e-w; text-generation-webui and llama.cpp).
+
+    If the context ends with a token sequence that occurred before, the token that
+    followed the earlier occurrence would extend the repetition. With ``L`` the length of
+    the longest such match ending just before that token, its logit is lowered by
+    ``multiplier * base ** (L - allowed_length)`` when ``L >= allowed_length``. Matches
+    never extend across a sequence-breaker token. Simplification: a token is a breaker
+    when its text contains one of the breaker strings (webui tokenizes each breaker;
+    llama.cpp also matches breakers spanning several tokens); matches are capped at 50.
+    """
+
+    item = "dry"
+    MAX_MATCH = 50
+
+    def __init__(self, multiplier: float, base: float, allowed_length: int,
+                 breakers: frozenset[int] = frozenset()) -> None:
+        self.multiplier, self.base, self.allowed_length = multiplier, base, allowed_length
+        self._breakers = breakers
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        ids = list(h.ids)
+        if len(ids) < 2 or ids[-1] in self._breakers:
+            return logits
+        last, n, brk = ids[-1], len(ids), self._breakers
+        longest: dict[int, int] = {}
+        for i in range(n - 1):  # i: an earlier occurrence of the last token
+            if ids[i] != last:
+                continue
+            nxt = ids[i + 1]
+            if nxt in brk:
+                continue
+            m = 1
+            while m < self.MAX_MATCH and i - m >= 0:
+                prev = ids[n - 1 - m]
+                if ids[i - m] != prev or prev in brk:
+                    break
+                m += 1
+            if m > longest.get(nxt, 0):
+                longest[nxt] = m
+        out = logits
+        for tok, m in longest.items():
+            if m >= self.allowed_length and tok < logits.numel():
+                if out is logits:
+                    out = logits.clone()
+                out[tok] -= self.multiplier * self.base ** (m - self.allowed_length)
+        return out
+
+
+# ---------------------------------------------------------------------- truncation & shape
+class Temperature(Processor):
+    """Divide the logits by ``t``; ``t = 0`` keeps only the argmax (greedy, lowest id on ties)."""
+
+    item = "temperature"
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        if self.t == 0:
+            keep = torch.zeros_like(logits, dtype=torch.bool)
+            keep[int(torch.argmax(logits))] = True
+            return _masked(logits, ~keep)
+        return logits / self.t
+
+
+class TopK(Processor):
+    """Keep the ``k`` most probable tokens (ties with the k-th are kept, as transformers)."""
+
+    item = "top_k"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        k = min(self.k, logits.numel())
+        kth = torch.topk(logits, k).values[-1]
+        return _masked(logits, logits < kth)
+
+
+class TopP(Processor):
+    """Nucleus sampling (Holtzman et al. 2020): the smallest top set with mass >= ``p``.
+
+    Computed as transformers does: sort ascending, drop the tokens whose cumulative mass
+    stays within ``1 - p``; the top token always survives.
+    """
+
+    item = "top_p"
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        sorted_logits, order = torch.sort(logits, descending=False)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= (1 - self.p)
+        drop_sorted[-1] = False
+        remove = drop_sorted.scatter(0, order, drop_sorted)
+        return _masked(logits, remove)
+
+
+class MinP(Processor):
+    """Min-p (Nguyen et al. 2024): keep tokens with probability >= ``p`` times the top one's."""
+
+    item = "min_p"
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        remove = probs < self.p * probs.max()
+        remove[int(torch.argmax(probs))] = False
+        return _masked(logits, remove)
+
+
+class Typical(Processor):
+    """Locally typical sampling (Meister et al. 2023).
+
+    Rank tokens by how far their surprisal ``-log p`` is from the entropy ``H``; keep the
+    most typical ones until their mass reaches ``p`` (transformers' cut-off rule).
+    """
+
+    item = "typical"
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        logp = torch.log_softmax(logits, -1)
+        ent = -(logp * logp.exp()).nansum()
+        shifted = torch.abs(-logp - ent)
+        sorted_shift, order = torch.sort(shifted, descending=False)
+        cum = logits.gather(0, order).softmax(-1).cumsum(-1)
+        last = min(int((cum < self.p).sum()), sorted_shift.numel() - 1)
+        drop_sorted = sorted_shift > sorted_shift[last]
+        drop_sorted[0] = False
+        remove = drop_sorted.scatter(0, order, drop_sorted)
+        return _masked(logits, remove)
+
+
+class Epsilon(Processor):
+    """Epsilon sampling (Hewitt et al. 2022): drop tokens with probability below ``epsilon``."""
+
+    item = "epsilon"
+
+    def __init__(self, epsilon: float) -> None:
+        self.epsilon = epsilon
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        return _masked(logits, _keep_max(logits, logits.softmax(-1) < self.epsilon))
+
+
+class Eta(Processor):
+    """Eta sampling (Hewitt et al. 2022): drop tokens below ``min(eps, sqrt(eps)*exp(-H))``."""
+
+    item = "eta"
+
+    def __init__(self, epsilon: float) -> None:
+        self.epsilon = epsilon
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        logp = torch.log_softmax(logits, -1)
+        ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum()
+        eps = torch.tensor(self.epsilon, dtype=logits.dtype)
+        eta = torch.minimum(eps, torch.sqrt(eps) * torch.exp(-ent))
+        return _masked(logits, _keep_max(logits, probs < eta))
+
+
+class TopNSigma(Processor):
+    """Top-nσ (Tang et al. 2024): keep tokens whose logit is within ``n`` standard deviations
+    of the maximum (σ over the finite logits, population form, as llama.cpp)."""
+
+    item = "top_n_sigma"
+
+    def __init__(self, n: float) -> None:
+        self.n = n
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        finite = logits[torch.isfinite(logits)]
+        if finite.numel() == 0:
+            return logits
+        sigma = finite.std(correction=0) if finite.numel() > 1 else finite.new_tensor(0.0)
+        return _masked(logits, logits < finite.max() - self.n * sigma)
+
+
+class XTC(Processor):
+    """Exclude Top Choices (p-e-w, text-generation-webui / llama.cpp).
+
+    With probability ``probability`` (the coin is the run's common random number
+    ``uniform(pos, "xtc")``), when at least two tokens have probability >= ``threshold``,
+    remove all of them except the least probable one. Simplification: webui's special
+    case that never removes newline/EOS is not applied (llama.cpp does not apply it either).
+    """
+
+    item = "xtc"
+
+    def __init__(self, threshold: float, probability: float) -> None:
+        self.threshold, self.probability = threshold, probability
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        if h.uniform(h.pos, "xtc") >= self.probability:
+            return logits
+        probs = logits.softmax(-1)
+        order = torch.argsort(-probs, stable=True)
+        above = int((probs >= self.threshold).sum())
+        if above < 2:
+            return logits
+        remove = torch.zeros_like(logits, dtype=torch.bool)
+        remove[order[: above - 1]] = True
+        return _masked(logits, remove)
+
+
+class Mirostat(Processor):
+    """Mirostat 2.0 (Basu et al. 2021), as llama.cpp implements it.
+
+    Keeps the tokens whose surprise ``-log2 p`` is at most ``mu`` (at least the top one);
+    after each draw, ``mu -= eta * (surprise_of_drawn_token - tau)`` with the surprise
+    measured on the final distribution the token was drawn from. ``mu`` starts at ``2 tau``.
+    """
+
+    item = "mirostat"
+
+    def __init__(self, tau: float, eta: float) -> None:
+        self.tau, self.eta = tau, eta
+        self.mu = 2.0 * tau
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        remove = -torch.log2(probs) > self.mu
+        remove[int(torch.argmax(probs))] = False
+        return _masked(logits, remove)
+
+    def observe(self, token: int, final_probs: torch.Tensor) -> None:
+        p = float(final_probs[token])
+        surprise = -math.log2(p) if p > 0 else 64.0
+        self.mu -= self.eta * (surprise - self.tau)
+
+    @property
+    def label(self) -> str:
+        return f"mirostat(tau={self.tau:g}, eta={self.eta:g}, mu={self.mu:.3f})"
+
+
+# ---------------------------------------------------------------------- chain
+ORDER_ITEMS = ("penalties", "dry", "no_repeat_ngram", "top_n_sigma", "top_k", "typical",
+               "top_p", "min_p", "epsilon", "eta", "xtc", "temperature", "mirostat")
+DEFAULT_ORDER = ",".join(ORDER_ITEMS)
+DEFAULT_BREAKERS = '"\\n", ":", "\\"", "*"'
+
+
+def chain_params() -> dict[str, Any]:
+    """The knob specs of the whole chain (the ``sample`` decoder exposes all of them)."""
+    return dict(
+        temperature=Float(1.0, 0.0, 10.0, "divide logits by this; 0 = greedy (argmax)"),
+        top_k=Int(0, 0, 1_000_000, "keep the k most probable tokens; 0 = off"),
+        top_p=Float(1.0, 0.0, 1.0, "nucleus: smallest top set with this much mass; 1 = off"),
+        min_p=Float(0.0, 0.0, 1.0, "keep tokens with p >= min_p * p(top); 0 = off"),
+        typical_p=Float(1.0, 0.0, 1.0, "locally typical: keep this much mass of the most typical tokens; 1 = off"),
+        epsilon=Float(0.0, 0.0, 1.0, "epsilon sampling: drop tokens with p < epsilon; 0 = off"),
+        eta=Float(0.0, 0.0, 1.0, "eta sampling: drop p < min(eta, sqrt(eta) e^-H); 0 = off"),
+        top_n_sigma=Float(0.0, 0.0, 20.0, "keep logits >= max - n * std(logits); 0 = off"),
+        xtc_threshold=Float(0.1, 0.0, 1.0, "XTC: tokens at or above this probability are 'top choices'"),
+        xtc_probability=Float(0.0, 0.0, 1.0, "XTC: chance per step to exclude all top choices but the least; 0 = off"),
+        mirostat_tau=Float(0.0, 0.0, 20.0, "mirostat v2 target surprise in bits; 0 = off"),
+        mirostat_eta=Float(0.1, 0.0, 1.0, "mirostat v2 learning rate"),
+        repetition_penalty=Float(1.0, 0.05, 10.0, "CTRL penalty on tokens in the context; 1 = off"),
+        presence_penalty=Float(0.0, -2.0, 2.0, "subtract once from every generated token; 0 = off"),
+        frequency_penalty=Float(0.0, -2.0, 2.0, "subtract per occurrence of a generated token; 0 = off"),
+        penalty_last_n=Int(0, 0, 1_000_000, "penalties look at the last n tokens only; 0 = all"),
+        no_repeat_ngram_size=Int(0, 0, 64, "never repeat an n-gram of this size; 0 = off"),
+        dry_multiplier=Float(0.0, 0.0, 10.0, "DRY penalty strength; 0 = off"),
+        dry_base=Float(1.75, 1.0, 10.0, "DRY: penalty grows as base^(match - allowed_length)"),
+        dry_allowed_length=Int(2, 1, 64, "DRY: repeats up to this length are free"),
+        dry_sequence_breakers=Text(DEFAULT_BREAKERS, "DRY: JSON strings that break a match, comma-separated"),
+        order=Text(DEFAULT_ORDER, "order of the chain (comma list); penalties first by default",
+                   items=ORDER_ITEMS),
+    )
+
+
+CHAIN_DEFAULTS: dict[str, Any] = {k: p.default for k, p in chain_params().items()}
+
+
+def parse_breakers(text: str) -> list[str]:
+    """The DRY breakers from their JSON-ish text (``"\\n", ":"``), or a PlaygroundError."""
+    text = text.strip()
+    if not text:
+        return []
+    try:
+        items = json.loads(text if text.startswith("[") else f"[{text}]")
+    except json.JSONDecodeError:
+        raise PlaygroundError(f"knob 'dry_sequence_breakers' must be JSON strings separated by commas, "
+                              f"got {text!r}") from None
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise PlaygroundError("knob 'dry_sequence_breakers' must list strings")
+    return items
+
+
+def active_items(knobs: dict[str, Any]) -> list[str]:
+    """The order items whose knobs are not neutral (these make up the chain)."""
+    k = {**CHAIN_DEFAULTS, **knobs}
+    on = {
+        "penalties": k["repetition_penalty"] != 1.0 or k["presence_penalty"] != 0 or k["frequency_penalty"] != 0,
+        "dry": k["dry_multiplier"] > 0,
+        "no_repeat_ngram": k["no_repeat_ngram_size"] > 0,
+        "top_n_sigma": k["top_n_sigma"] > 0,
+        "top_k": k["top_k"] > 0,
+        "typical": k["typical_p"] < 1.0,
+        "top_p": k["top_p"] < 1.0,
+        "min_p": k["min_p"] > 0,
+        "epsilon": k["epsilon"] > 0,
+        "eta": k["eta"] > 0,
+        "xtc": k["xtc_probability"] > 0 and k["xtc_threshold"] <= 0.5,
+        "temperature": k["temperature"] != 1.0,
+        "mirostat": k["mirostat_tau"] > 0,
+    }
+    return [item for item in ORDER_ITEMS if on[item]]
+
+
+def check_chain(decoder: str, knobs: dict[str, Any]) -> None:
+    """Cross-knob checks: every active rule must appear in ``order``; breakers must parse."""
+    order = [s for s in str(knobs.get("order", DEFAULT_ORDER)).split(",") if s]
+    missing = [item for item in active_items(knobs) if item not in order]
+    if missing:
+        raise PlaygroundError(f"decoder {decoder!r}: knob(s) for {', '.join(missing)} are set "
+                              f"but missing from 'order'")
+    if knobs.get("dry_multiplier", 0) > 0:
+        parse_breakers(str(knobs.get("dry_sequence_breakers", DEFAULT_BREAKERS)))
+
+
+class ChainParams(Params):
+    """Params whose validation also runs :func:`check_chain` on the result."""
+
+    def validate(self, decoder: str, given: dict[str, Any]) -> dict[str, Any]:
+        out = super().validate(decoder, given)
+        check_chain(decoder, out)
+        return out
+
+
+class Chain:
+    """An ordered list of processors; turns raw logits into the final distribution."""
+
+    def __init__(self, processors: list[Processor]) -> None:
+        self.processors = processors
+
+    def __call__(self, logits: torch.Tensor, h: History,
+                 stages: list[dict[str, Any]] | None = None) -> torch.Tensor:
+        """Processed logits. With ``stages`` given, append per-stage evidence to it."""
+        out = logits.float()
+        raw = torch.softmax(out, -1) if stages is not None else None
+        for proc in self.processors:
+            label = proc.label if stages is not None else ""
+            out = proc(out, h)
+            if stages is not None:
+                kept = torch.isfinite(out)
+                stages.append({"stage": label, "kept": int(kept.sum()),
+                               "kept_mass": round(float(raw[kept].sum()), 6)})
+        return out
+
+    def probs(self, logits: torch.Tensor, h: History,
+              stages: list[dict[str, Any]] | None = None) -> torch.Tensor:
+        """The final distribution: softmax of the processed logits (removed tokens get 0)."""
+        return torch.softmax(self(logits, h, stages), -1)
+
+    def observe(self, token: int, final_probs: torch.Tensor) -> None:
+        """Tell the stateful processors which token was drawn."""
+        for proc in self.processors:
+            proc.observe(token, final_probs)
+
+    @property
+    def labels(self) -> list[str]:
+        """The chain as text, in order."""
+        return [p.label for p in self.processors]
+
+
+def _make(item: str, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> list[Processor]:
+    if item == "penalties":
+        out: list[Processor] = []
+        if k["repetition_penalty"] != 1.0:
+            out.append(RepetitionPenalty(k["repetition_penalty"], k["penalty_last_n"]))
+        if k["presence_penalty"] != 0:
+            out.append(PresencePenalty(k["presence_penalty"], k["penalty_last_n"]))
+        if k["frequency_penalty"] != 0:
+            out.append(FrequencyPenalty(k["frequency_penalty"], k["penalty_last_n"]))
+        return out
+    if item == "dry":
+        brk = breaker_ids(tokenizer, parse_breakers(k["dry_sequence_breakers"]), vocab_size) \
+            if tokenizer is not None else frozenset()
+        return [DRY(k["dry_multiplier"], k["dry_base"], k["dry_allowed_length"], brk)]
+    simple: dict[str, Callable[[], Processor]] = {
+        "no_repeat_ngram": lambda: NoRepeatNGram(k["no_repeat_ngram_size"]),
+        "top_n_sigma": lambda: TopNSigma(k["top_n_sigma"]),
+        "top_k": lambda: TopK(k["top_k"]),
+        "typical": lambda: Typical(k["typical_p"]),
+        "top_p": lambda: TopP(k["top_p"]),
+        "min_p": lambda: MinP(k["min_p"]),
+        "epsilon": lambda: Epsilon(k["epsilon"]),
+        "eta": lambda: Eta(k["eta"]),
+        "xtc": lambda: XTC(k["xtc_threshold"], k["xtc_probability"]),
+        "temperature": lambda: Temperature(k["temperature"]),
+        "mirostat": lambda: Mirostat(k["mirostat_tau"], k["mirostat_eta"]),
+    }
+    return [simple[item]()]
+
+
+def build_chain(knobs: dict[str, Any], tokenizer: Any = None, vocab_size: int = 0) -> Chain:
+    """The chain for these knobs (missing knobs are neutral), in the order of ``order``.
+
+    ``tokenizer``/``vocab_size`` are needed only by DRY (to find the breaker tokens).
+    """
+    k = {**CHAIN_DEFAULTS, **knobs}
+    check_chain("sample", k)
+    active = set(active_items(k))
+    order = [s for s in str(k["order"]).split(",") if s]
+    procs: list[Processor] = []
+    for item in order:
+        if item in active:
+            procs.extend(_make(item, k, tokenizer, vocab_size))
+    return Chain(procs)
+
+
+__all__ = [
+    "CHAIN_DEFAULTS", "Chain", "ChainParams", "DEFAULT_ORDER", "DRY", "Epsilon", "Eta",
+    "FrequencyPenalty", "History", "MinP", "Mirostat", "NoRepeatNGram", "ORDER_ITEMS",
+    "PresencePenalty", "Processor", "RepetitionPenalty", "Temperature", "TopK", "TopNSigma",
+    "TopP", "Typical", "XTC", "active_items", "build_chain", "chain_params", "check_chain",
+]
