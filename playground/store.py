@@ -15,7 +15,8 @@ Design choices, and why:
 * One connection per :class:`Store`, shared by every thread behind a lock (Gradio runs
   callbacks in worker threads); other processes (the CLI next to the app) are serialised by
   SQLite's own locking, with a busy timeout.
-* Session ids are ``secrets.token_urlsafe(24)``: 192 random bits, 32 url-safe characters.
+* Session ids are ``secrets.token_urlsafe(24)`` (32 url-safe characters) redrawn until the
+  first is a letter or digit, so a command line never reads one as an option: ~191.9 bits.
   Knowing an id is what lets someone open a session, so ids are never derived from content.
 """
 
@@ -40,7 +41,8 @@ from playground.trace import validate_trace_dict
 EXPORT_FORMAT = "decoder-playground-session"
 EXPORT_VERSION = 1
 MAX_TITLE_CHARS = 200
-_ID_RE = re.compile(r"[A-Za-z0-9_-]{32}")
+# A leading '-' would read as an option on the command line, so ids start with a letter or digit.
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{31}")
 _BUSY_TIMEOUT_MS = 30_000
 
 
@@ -92,13 +94,16 @@ def default_path() -> str:
 
 
 def is_valid_session_id(s: Any) -> bool:
-    """Whether ``s`` has the exact form of a session id (32 url-safe characters)."""
+    """Whether ``s`` has the exact form of a session id (32 url-safe characters, the first alphanumeric)."""
     return isinstance(s, str) and _ID_RE.fullmatch(s) is not None
 
 
 def new_session_id() -> str:
-    """A fresh unguessable session id (192 random bits)."""
-    return secrets.token_urlsafe(24)
+    """A fresh unguessable session id (32 url-safe characters, about 191.9 random bits)."""
+    while True:
+        sid = secrets.token_urlsafe(24)
+        if sid[0] not in "-_":
+            return sid
 
 
 def _check_id(sid: Any) -> str:
@@ -273,7 +278,7 @@ class Store:
         def tx(conn: sqlite3.Connection) -> str:
             sid = new_session_id()
             while conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
-                sid = new_session_id()  # 192 random bits: never in practice, but never overwrite
+                sid = new_session_id()  # ~192 random bits: never in practice, but never overwrite
             conn.execute("INSERT INTO sessions (id, created, title, model, prompt, settings) "
                          "VALUES (?, ?, ?, ?, ?, ?)",
                          (sid, row["created"], row["title"], row["model"], row["prompt"], row["settings"]))

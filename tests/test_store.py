@@ -16,7 +16,7 @@ import pytest
 
 from playground.errors import PlaygroundError
 from playground.store import (EXPORT_FORMAT, MIGRATIONS, Store, default_path, default_store,
-                              is_valid_session_id, schema_version)
+                              is_valid_session_id, new_session_id, schema_version)
 from playground.trace import Step, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,8 +136,12 @@ def test_ids_are_unguessable_tokens(store: Store) -> None:
     ids = {save(store, str(i), ("greedy",)) for i in range(20)}
     assert len(ids) == 20
     for sid in ids:
-        assert len(sid) == 32 and is_valid_session_id(sid)  # 32 url-safe chars = 192 bits
-    for bad in ("", "abc", "a" * 31, "a" * 33, "a" * 31 + "!", "../../etc/passwd", "a" * 31 + "\n",
+        assert len(sid) == 32 and is_valid_session_id(sid)  # 32 url-safe chars, ~192 random bits
+    many = [new_session_id() for _ in range(3000)]
+    assert len(set(many)) == 3000 and all(is_valid_session_id(x) for x in many)
+    assert not any(x[0] in "-_" for x in many)  # `playground sessions show <id>` never sees an option
+    assert len({x[0] for x in many}) == 62 and len({c for x in many for c in x[1:]}) == 64
+    for bad in ("", "abc", "a" * 31, "-" + "a" * 31, "_" + "a" * 31, "a" * 33, "a" * 31 + "!", "../../etc/passwd", "a" * 31 + "\n",
                 None, 12, b"a" * 32, "<script>alert(1)</script>aaaaaaa"):
         assert not is_valid_session_id(bad)
 
