@@ -73,7 +73,7 @@ class Run:
         tf = self.ctx.target.forwards
         n = len(self.output)
         return {"new_tokens": n, "target_forwards": tf,
-                "draft_forwards": self.ctx.draft.forwards if self.ctx.draft is not None else 0,
+                "draft_forwards": self.recorder.draft_count("forwards"),
                 "tokens_per_target_forward": round(n / tf, 4) if tf else 0.0,
                 "wall_s": round(self.recorder.now(), 4), "first_token_s": self.recorder.first_token_s,
                 "finish_reason": None, "steps": len(self.trace.steps)}

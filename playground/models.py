@@ -12,12 +12,13 @@ forward-pass numbers in a trace are measured, never reported by a decoder.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -77,11 +78,16 @@ class ModelHandle:
     def forward(self, ids: torch.Tensor | Sequence[int], cache: Any = None,
                 attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None,
-                hidden_states: bool = False, use_cache: bool | None = None) -> Forward:
+                hidden_states: bool = False, use_cache: bool | None = None,
+                num_layers: int | None = None) -> Forward:
         """Run the model on ``ids`` (1-D or (B, T)); return float32 logits and the cache.
 
         For a diffusion model whose logits are shifted by one position (Dream), the logits
         are shifted back so that ``logits[:, i]`` always scores the token at position ``i``.
+        ``num_layers=k`` runs an *early exit*: only the first k decoder layers, then the
+        model's own final norm and LM head (self-speculative drafts such as layer_skip); a
+        cache passed along gets entries in those k layers only. A view counts such a call
+        as a draft forward.
         Prefer calling this through a :class:`ModelView`, which counts the call.
         """
         ids = _as_batch(ids, self.device)
@@ -96,7 +102,7 @@ class ModelHandle:
             kwargs["use_cache"] = True if use_cache is None else use_cache
             if cache is not None:
                 kwargs["cache"] = cache
-        with self.lock, torch.inference_mode():
+        with self.lock, torch.inference_mode(), self._first_layers(num_layers):
             out = self.model(input_ids=ids, **kwargs)
             self.forwards += 1
             self.tokens += int(ids.numel())
@@ -105,6 +111,30 @@ class ModelHandle:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return Forward(logits=logits, cache=getattr(out, "cache", None) if self.kind == "causal" else None,
                        hidden_states=getattr(out, "hidden_states", None))
+
+    @contextlib.contextmanager
+    def _first_layers(self, k: int | None) -> Iterator[None]:
+        """While active, the model's decoder-layer list holds only its first ``k`` layers."""
+        if k is None or k >= self.num_layers:
+            yield
+            return
+        if k < 1:
+            raise PlaygroundError(f"an early exit needs at least 1 layer, got {k}")
+        owner, attr = self._layer_list()
+        full = getattr(owner, attr)
+        setattr(owner, attr, torch.nn.ModuleList(list(full)[:k]))
+        try:
+            yield
+        finally:
+            setattr(owner, attr, full)
+
+    def _layer_list(self) -> tuple[torch.nn.Module, str]:
+        """The module holding the decoder layers as a ModuleList, and its attribute name."""
+        for name, mod in self.model.named_modules():
+            for attr, child in mod.named_children():
+                if isinstance(child, torch.nn.ModuleList) and len(child) == self.num_layers:
+                    return mod, attr
+        raise PlaygroundError(f"model {self.name!r}: cannot find its decoder layers for an early exit")
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states through the final norm and LM head (for early-exit drafts)."""
@@ -155,15 +185,25 @@ class ModelView:
         self.handle = handle
         self.forwards = 0
         self.tokens = 0
+        # early exits (forward(num_layers=k < all)) are self-speculative drafts: counted apart
+        self.draft_forwards = 0
+        self.draft_tokens = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.handle, name)
 
     def forward(self, ids: torch.Tensor | Sequence[int], cache: Any = None, **kw: Any) -> Forward:
-        """Counted forward pass (see :meth:`ModelHandle.forward`)."""
+        """Counted forward pass (see :meth:`ModelHandle.forward`); an early exit
+        (``num_layers`` below the model's depth) counts in ``draft_forwards``/``draft_tokens``."""
         out = self.handle.forward(ids, cache=cache, **kw)
-        self.forwards += 1
-        self.tokens += int(_as_batch(ids, "cpu").numel()) if not torch.is_tensor(ids) else int(ids.numel())
+        n = int(_as_batch(ids, "cpu").numel()) if not torch.is_tensor(ids) else int(ids.numel())
+        k = kw.get("num_layers")
+        if k is not None and k < self.handle.num_layers:
+            self.draft_forwards += 1
+            self.draft_tokens += n
+        else:
+            self.forwards += 1
+            self.tokens += n
         return out
 
 

@@ -159,12 +159,18 @@ class TraceRecorder:
         """Seconds since the run started."""
         return time.perf_counter() - self.start
 
+    def draft_count(self, what: str) -> int:
+        """Draft ``forwards``/``tokens``: the draft model's, plus the target's early-exit
+        (self-speculative) forwards, which its view counts as draft work."""
+        n = getattr(self.draft, what, 0) if self.draft is not None else 0
+        return int(n) + int(getattr(self.target, f"draft_{what}", 0) or 0) if self.target is not None else int(n)
+
     def add(self, step: Step) -> Step:
         """Stamp ``step`` with index, time and cumulative forward counts; keep it."""
         step.i = len(self.trace.steps)
         step.t = self.now()
         step.target_forwards = self.target.forwards if self.target is not None else 0
-        step.draft_forwards = self.draft.forwards if self.draft is not None else 0
+        step.draft_forwards = self.draft_count("forwards")
         if self.first_token_s is None and step.committed:
             self.first_token_s = step.t
         self.trace.steps.append(step)
@@ -175,7 +181,7 @@ class TraceRecorder:
         tr = self.trace
         tr.output_ids, tr.text = [int(x) for x in output_ids], text
         tf = self.target.forwards if self.target is not None else 0
-        df = self.draft.forwards if self.draft is not None else 0
+        df = self.draft_count("forwards")
         n = len(tr.output_ids)
         tr.stats = {
             "new_tokens": n,
@@ -186,7 +192,7 @@ class TraceRecorder:
             "first_token_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
             "finish_reason": reason,
             "target_tokens_processed": self.target.tokens if self.target is not None else 0,
-            "draft_tokens_processed": self.draft.tokens if self.draft is not None else 0,
+            "draft_tokens_processed": self.draft_count("tokens"),
             "steps": len(tr.steps),
         }
         tr.stats.update(more)
