@@ -18,6 +18,7 @@ Space deployed without any settings still refuses local paths, hub downloads and
 | ``PLAYGROUND_MODEL_CONCURRENCY`` | model-running events at once, all together | 2 | 1 |
 | ``PLAYGROUND_QUEUE_SIZE`` | most requests waiting in the queue (0 = no limit) | 0 | 32 |
 | ``PLAYGROUND_GPU_DURATION`` | seconds a ZeroGPU call may hold the GPU (0 = spaces' default) | 0 | 0 |
+| ``PLAYGROUND_LIST_SESSIONS`` | 1 lists every stored session (with rename/delete) in the Sessions tab; 0 hides the list, links and import still work | 1 | 0 |
 
 A value that is not a number, or a source name that does not exist, is a configuration
 mistake: :func:`limits` raises :class:`PlaygroundError` naming the variable rather than
@@ -92,6 +93,7 @@ class Limits:
     model_concurrency: int = 2
     queue_size: int = 0
     gpu_duration: int = 0
+    list_sessions: bool = True
 
 
 def limits() -> Limits:
@@ -109,6 +111,9 @@ def limits() -> Limits:
         model_concurrency=_int("PLAYGROUND_MODEL_CONCURRENCY", 1 if space else 2, lo=1),
         queue_size=_int("PLAYGROUND_QUEUE_SIZE", 32 if space else 0),
         gpu_duration=_int("PLAYGROUND_GPU_DURATION", 0),
+        # A session id is the key to a session: listing them all to every visitor of a
+        # public Space would hand out every key (and the delete button with it).
+        list_sessions=_flag("PLAYGROUND_LIST_SESSIONS", not space),
     )
 
 
