@@ -427,18 +427,31 @@ def _load(spec: str, source: str, location: str, kind: str | None, device: str, 
     mask_id = None
     shifted = False
     if found == "diffusion":
-        mtype = (getattr(config, "model_type", "") or "").lower()
-        mask_id = getattr(tokenizer, "mask_token_id", None)
-        if "llada" in mtype:
-            mask_id = LLADA_MASK_ID
-        if "dream" in mtype:
-            shifted = True
-            mask_id = getattr(config, "mask_token_id", None) or mask_id
+        mask_id, shifted = diffusion_meta(config, tokenizer)
         if mask_id is None:
             raise PlaygroundError(f"diffusion model {spec!r} has no mask token")
     name = Path(location).name if source == "bundled" else spec
     return ModelHandle(name, model, tokenizer, found, source=source, mask_token_id=mask_id,
                        logits_shifted=shifted)
+
+
+def diffusion_meta(config: Any, tokenizer: Any) -> tuple[int | None, bool]:
+    """Mask token id and logit shift of a diffusion model, from its config and tokenizer.
+
+    LLaDA uses the fixed id 126336; Dream names its id in the config and predicts position
+    ``i`` at index ``i - 1`` (shifted logits, adapted from an AR model); plain masked LMs
+    (BERT, RoBERTa, ModernBERT, the bundled model) use the tokenizer's mask token.
+    """
+    mtype = (getattr(config, "model_type", "") or "").lower()
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    shifted = False
+    if "llada" in mtype:
+        mask_id = LLADA_MASK_ID
+    if "dream" in mtype:
+        shifted = True
+        cfg_id = getattr(config, "mask_token_id", None)
+        mask_id = cfg_id if cfg_id is not None else mask_id
+    return mask_id, shifted
 
 
 def _auto_class(config: Any, kind: str, trust_remote_code: bool) -> Any:
