@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 import visualizers as V
+import visualizers.beam
 from visualizers._common import ACCEPTED, REJECTED
 from visualizers.compare import first_divergence
 
@@ -100,7 +101,7 @@ def test_distribution_bars_and_chosen_marker():
     assert list(bars[0].y) == [0.5, 0.2, 0.2, 0.1] and list(bars[1].y) == [0.7, 0.3, 0.0, 0.0]
     (chosen,) = by_name(fig, "chosen")
     assert list(chosen.x) == [2]  # token 7 is the third bar
-    assert "30.0% of the raw mass" in figure_text(fig)
+    assert "30.0% of the raw mass" in fig.layout.title.subtitle.text
     assert list(fig.layout.xaxis.ticktext) == ["t5", "t6", "t7", "t8"]
 
 
@@ -191,8 +192,10 @@ def test_canvas_shows_masks_and_commits():
 def test_position_metrics_and_commits_per_step():
     tr = denoise_trace()
     fig = V.position_metrics_figure(tr, 0)
-    (conf,) = by_name(fig, "confidence")
-    assert len(conf.x) == 6 and conf.y[0] == 0.1 and conf.y[1] is None
+    (now,) = by_name(fig, "confidence: committed this step")
+    (masked,) = by_name(fig, "confidence: masked")
+    assert list(now.x) == [0, 3] and list(now.y) == [0.1, 0.4]
+    assert list(masked.x) == [1, 2, 4, 5] and all(v is None for v in masked.y)
     c = V.commits_per_step_figure(tr)
     assert list(by_name(c, "committed")[0].y) == [2, 2, 1, 1]
     assert list(by_name(c, "filled so far")[0].y) == [2, 4, 5, 6]
@@ -287,6 +290,16 @@ def test_tokens_html_uses_final_output_and_pieces():
     assert re.findall(r">([^<]*)</span>", out) == ["A", "B"]
 
 
+def test_running_beam_search_shows_its_best_hypothesis():
+    beams = [{"ids": [5, 7], "score": -0.9, "parent": 0, "finished": False},
+             {"ids": [6, 8], "score": -0.4, "parent": 1, "finished": False}]
+    tr = trace([{"kind": "beam", "committed": [], "beams": beams}], output_ids=[], done=False)
+    out = V.tokens_html(tr, "probability")
+    assert re.findall(r'class="tok prov"[^>]*>([^<]*)<', out) == ["t6", "t8"]
+    done = trace([{"kind": "beam", "committed": [], "beams": beams}], output_ids=[5, 7], done=True)
+    assert "prov" not in V.tokens_html(done, "none") and V.tokens_html(done, "none").count('class="tok"') == 2
+
+
 def test_plot_text_is_escaped_everywhere():
     nodes = [(1, None, 5, True)]
     tr = trace([draft_step(nodes, [1], correction=5, kind="resample")], tokens={5: EVIL})
@@ -350,3 +363,120 @@ def test_step_figures_follow_the_step_kind():
     kinds = [(t, type(f).__name__) for t, f in V.step_figures(d, 0)]
     assert kinds == [("Canvas", "str"), ("Per-position metrics", "Figure")]
     assert V.step_count(d) == 4
+
+
+# ---------------------------------------------------------------------- real decoders
+def render_everything(tr: dict) -> None:
+    """Every figure for every step, as the page would call them; raises on any error."""
+    import json
+
+    n = V.step_count(tr)
+    assert n > 0
+    figs: list = []
+    for s in range(n):
+        for metric in ("probability", "entropy", "acceptance", "unmask_step", "none"):
+            assert 'data-step="' in V.tokens_html(tr, metric, lane=0, upto_step=s)
+        plots = V.step_figures(tr, s)
+        assert 1 <= len(plots) <= V.MAX_STEP_PLOTS
+        figs += [f for _, f in plots]
+        assert not any(isinstance(f, go.Figure) and f.layout.annotations and "could not draw" in
+                       str(f.layout.annotations[0].text) for _, f in plots)
+    runs = V.run_figures(tr)
+    assert 1 <= len(runs) <= V.MAX_RUN_PLOTS
+    figs += [f for _, f in runs]
+    figs += [V.progress_figure([tr, tr]), V.stats_line(tr), V.divergence_html([tr, tr])]
+    for m in ("probability", "entropy", "acceptance", "unmask_step", "none"):
+        figs.append(V.tokens_html(tr, m))
+    for f in figs:
+        if isinstance(f, go.Figure):
+            assert "could not draw" not in f.to_json()
+            json.loads(f.to_json())  # serialisable, as Gradio needs
+
+
+def run_real(handle, decoder, n=8, draft=None, **params):
+    import decoders
+    from playground.engine import prepare
+
+    if decoder not in decoders.REGISTRY:
+        pytest.skip(f"decoder {decoder!r} is not registered yet")
+    run = prepare(model=handle, decoder=decoder, prompt="ROMEO: But soft", max_new_tokens=n, seed=0,
+                  draft=draft, params=params)
+    snaps = []
+    while run.step() is not None:
+        if len(snaps) < 2:
+            snaps.append(run.snapshot())  # live snapshots: partial stats, no pieces yet
+    for snap in snaps:
+        render_everything(snap)
+    tr = run.snapshot()
+    assert tr["done"]
+    return tr
+
+
+@pytest.fixture(scope="module")
+def draft_handle(tokenizer):
+    from conftest import build_llama
+    from playground.models import handle_from_model
+
+    return handle_from_model(build_llama(tokenizer, seed=1, layers=1, hidden=32), tokenizer, name="tiny-draft")
+
+
+@pytest.fixture(scope="module")
+def mlm_handle(tokenizer):
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from playground.models import handle_from_model
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id)
+    model = BertForMaskedLM(cfg).eval()
+    with torch.no_grad():
+        model.cls.predictions.decoder.weight.mul_(8.0)
+    return handle_from_model(model, tokenizer, name="tiny-mlm")
+
+
+@pytest.mark.parametrize("decoder,params", [("greedy", {}), ("top_p", {"p": 0.8})])
+def test_real_sampling_traces_render(llama_handle, decoder, params):
+    tr = run_real(llama_handle, decoder, **params)
+    render_everything(tr)
+    assert [t for t, _ in V.step_figures(tr, 0)] == ["Distribution"]
+
+
+@pytest.mark.parametrize("decoder,params", [("speculative", {"gamma": 3}),
+                                            ("speculative", {"gamma": 3, "temperature": 0.0}),
+                                            ("spec_tree", {"depth": 3, "topk": 2, "width": 2, "budget": 8})])
+def test_real_speculative_traces_render(llama_handle, draft_handle, decoder, params):
+    tr = run_real(llama_handle, decoder, n=10, draft=draft_handle, **params)
+    render_everything(tr)
+    drafts = [s for s in tr["steps"] if s["kind"] == "draft"]
+    assert drafts
+    fig = V.draft_tree_figure(tr, drafts[0]["i"])
+    nodes = sum(len(t.x) for t in fig.data if t.name in ("accepted", "rejected", "never reached"))
+    assert nodes == len(drafts[0]["tree"]["nodes"])
+
+
+@pytest.mark.parametrize("decoder,params", [("beam", {"num_beams": 3}), ("diverse_beam", {}),
+                                            ("arithmetic", {"num_samples": 3})])
+def test_real_search_traces_render(llama_handle, decoder, params):
+    tr = run_real(llama_handle, decoder, n=6, **params)
+    render_everything(tr)
+    beam_steps = [s for s in tr["steps"] if s["kind"] == "beam"]
+    if beam_steps:
+        s = beam_steps[-1]
+        (nodes,) = by_name(V.beam_tree_figure(tr, s["i"]), "beams")
+        assert len(nodes.x) == sum(len(b["beams"]) for b in beam_steps[-V.beam.WINDOW:])
+
+
+@pytest.mark.parametrize("decoder,params", [("llada", {"steps": 4}), ("fast_dllm", {}), ("freedave", {}),
+                                            ("masked_diffusion", {"steps": 4})])
+def test_real_diffusion_traces_render(mlm_handle, decoder, params):
+    tr = run_real(mlm_handle, decoder, n=8, **params)
+    render_everything(tr)
+    d = [s for s in tr["steps"] if s["kind"] == "denoise"]
+    (hm,) = by_name(V.unmask_heatmap(tr), "committed")
+    committed_cells = sum(1 for row in hm.z for v in row if not (isinstance(v, float) and math.isnan(v)))
+    with_conf = sum(1 for s in d for p in s["unmasked"] if s["confidence"][p] is not None)
+    assert committed_cells == with_conf
+    first = V.canvas_html(tr, d[0]["i"])
+    assert first.count('class="tok mask"') == sum(1 for t in d[0]["canvas"] if t == d[0]["mask_id"])

@@ -25,14 +25,17 @@ from visualizers.tree import accepted_length_histogram, acceptance_timeline, dra
 
 Plot = Union[go.Figure, str]
 
-# The plots of one step, by step kind: (title, function(trace, step)).
-STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot]]]] = {
-    "token": [("Distribution", distribution_figure)],
-    "draft": [("Draft tree", draft_tree_figure)],
-    "denoise": [("Canvas", canvas_html), ("Per-position metrics", position_metrics_figure)],
-    "beam": [("Beam tree", beam_tree_figure)],
-    "jacobi": [("Jacobi grid", jacobi_grid_figure)],
+# The plots of one step, by step kind: (title, function(trace, step), evidence field the
+# plot needs or None). A plot whose field the step lacks is left out.
+STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot], str | None]]] = {
+    "token": [("Distribution", distribution_figure, None)],
+    "draft": [("Draft tree", draft_tree_figure, None), ("Correction distribution", distribution_figure, "correction_dist")],
+    "denoise": [("Canvas", canvas_html, None), ("Per-position metrics", position_metrics_figure, None)],
+    "beam": [("Beam tree", beam_tree_figure, None)],
+    "jacobi": [("Jacobi grid", jacobi_grid_figure, None)],
 }
+MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
+MAX_RUN_PLOTS = 4  # ... and this many for whole-run plots
 
 # Whole-run plots, by the step kinds a trace contains.
 RUN_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figure]]]] = {
@@ -71,7 +74,9 @@ def step_figures(trace: dict[str, Any], step: int) -> list[tuple[str, Plot]]:
     plots = STEP_PLOTS.get(str(s.get("kind")))
     if not plots:
         return [("Step", empty_figure(f"no plot for {s.get('kind')!r} steps yet", "Step"))]
-    return [(title, _safe(title, fn, trace, i)) for title, fn in plots]
+    out = [(title, _safe(title, fn, trace, i)) for title, fn, need in plots
+           if need is None or isinstance(s.get(need), dict)]
+    return out[:MAX_STEP_PLOTS]
 
 
 def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
@@ -87,7 +92,7 @@ def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
                 continue
             seen.add(fn)
             out.append((title, _safe(title, fn, trace)))
-    return out or [("Run", empty_figure("no whole-run plot for this trace", "Run"))]
+    return out[:MAX_RUN_PLOTS] or [("Run", empty_figure("no whole-run plot for this trace", "Run"))]
 
 
 __all__ = [

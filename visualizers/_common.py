@@ -36,17 +36,28 @@ GRID = "rgba(128,128,128,0.22)"
 HEIGHT = 450
 
 
-def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, **more: Any) -> go.Figure:
-    """Apply the shared look: transparent background, neutral ink, compact margins."""
+def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, subtitle: str = "",
+                legend_below: bool = False, **more: Any) -> go.Figure:
+    """Apply the shared look: transparent background, neutral ink, compact margins.
+
+    ``title`` and ``subtitle`` must already be escaped (:func:`plot_text`). A figure with
+    many legend entries puts its legend below the plot so it never covers the title.
+    """
+    t: dict[str, Any] = {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}}
+    if subtitle:
+        t["subtitle"] = {"text": subtitle, "font": {"size": 11, "color": INK}}
+    legend = ({"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0.0,
+               "bgcolor": "rgba(0,0,0,0)"} if legend_below else
+              {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0,
+               "bgcolor": "rgba(0,0,0,0)"})
     fig.update_layout(
-        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        title=t,
         height=height,
-        margin={"l": 52, "r": 20, "t": 56, "b": 44},
+        margin={"l": 52, "r": 20, "t": 72 if subtitle else 56, "b": 96 if legend_below else 44},
         paper_bgcolor="rgba(0,0,0,0)",
         plot_bgcolor="rgba(128,128,128,0.05)",
         font={"color": INK, "size": 12},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0,
-                "bgcolor": "rgba(0,0,0,0)"},
+        legend=legend,
         hoverlabel={"font": {"size": 12}},
         bargap=0.18,
     )
@@ -186,6 +197,14 @@ def kinds_in(trace: Any) -> list[str]:
 def wrong_kind(i: int, step: dict[str, Any], want: str, title: str) -> go.Figure:
     """The note figure for a step whose kind has no such plot."""
     return empty_figure(f"step {i} is a {step.get('kind', '?')} step; this plot is for {want} steps", title)
+
+
+def int_dtick(top: Any, most: int = 8) -> int | None:
+    """A whole-number tick step for an axis of counts up to ``top`` (None: let plotly pick)."""
+    t = num(top)
+    if t is None or t <= 0:
+        return 1
+    return max(1, math.ceil(t / most)) if t <= most * 50 else None
 
 
 def join(parts: Iterable[str], sep: str = " · ") -> str:

@@ -99,6 +99,6 @@ def beam_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
                 yaxis={"title": "beam (rank)", "autorange": "reversed", "dtick": 1,
                        "range": [width - 0.4, -0.6]})
     fig.add_annotation(text="■ finished · ● open · bold: ancestors of the live beams", xref="paper", yref="paper",
-                       x=0, y=0, yshift=-40, xanchor="left", yanchor="top", showarrow=False,
+                       x=0, y=1.0, yshift=4, xanchor="left", yanchor="bottom", showarrow=False,
                        font={"size": 11, "color": INK})
     return fig

@@ -18,10 +18,12 @@ import plotly.graph_objects as go
 
 from visualizers._common import (
     ACCEPTED, CHOSEN, ENTROPY, FINAL, INK, MASK, REJECTED, at, base_layout, empty_figure, fmt,
-    ints, num, pick_step, plot_text, steps_of, token_text, visible, wrong_kind,
+    int_dtick, ints, num, pick_step, plot_text, steps_of, token_text, visible, wrong_kind,
 )
 
 MASK_GLYPH = "▒▒"
+STATE_COLOURS = {"committed this step": ACCEPTED, "remasked this step": REJECTED,
+                 "filled earlier": "rgba(99,102,241,0.45)", "masked": MASK}
 
 
 def denoise_steps(trace: Any) -> list[dict[str, Any]]:
@@ -121,7 +123,10 @@ def canvas_html(trace: dict[str, Any], step: int) -> str:
             cls.append("mask")
             style.append(f"background:rgba(154,161,171,0.28);color:{MASK};border-radius:3px")
             text = MASK_GLYPH
-            title = f"position {p}: masked"
+            pred = at(s.get("predicted"), p)
+            title = f"position {p}: masked" + (
+                f" · the model predicts {visible(token_text(trace, pred))} (#{pred}, confidence "
+                f"{fmt(at(s.get('confidence'), p))})" if isinstance(pred, int) else "")
             data_step = i
         else:
             text = html.escape(token_text(trace, tok))
@@ -229,17 +234,17 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
     mid = mask_id_of(trace, s)
     now, rem = set(unmasked_of(s)), set(ints(s.get("remasked")))
     xs = list(range(n))
-    colours, state = [], []
+    state = []
     for p in xs:
         tok = at(canvas, p)
         if p in now:
-            colours.append(ACCEPTED), state.append("committed this step")
+            state.append("committed this step")
         elif p in rem:
-            colours.append(REJECTED), state.append("remasked this step")
+            state.append("remasked this step")
         elif p < len(canvas) and is_masked(tok, mid):
-            colours.append(MASK), state.append("masked")
+            state.append("masked")
         else:
-            colours.append("rgba(99,102,241,0.45)"), state.append("filled earlier")
+            state.append("filled earlier")
     hover = []
     for p in xs:
         tok = at(canvas, p)
@@ -248,7 +253,12 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
                      f"<br>margin {fmt(at(series['margin'], p))}<br>entropy {fmt(at(series['entropy'], p), 2)} nats")
     fig = go.Figure()
     conf = [num(at(series["confidence"], p)) for p in xs]
-    fig.add_bar(x=xs, y=conf, name="confidence", marker_color=colours, hovertext=hover, hoverinfo="text")
+    # One bar trace per state, so the legend explains the colours.
+    for name, colour in STATE_COLOURS.items():
+        sel = [p for p in xs if state[p] == name]
+        if sel:
+            fig.add_bar(x=sel, y=[conf[p] for p in sel], name=f"confidence: {name}", marker_color=colour,
+                        hovertext=[hover[p] for p in sel], hoverinfo="text")
     if any(num(v) is not None for v in series["margin"]):
         fig.add_scatter(x=xs, y=[num(at(series["margin"], p)) for p in xs], name="margin (top1 − top2)",
                         mode="lines+markers", line={"color": FINAL, "width": 1.5}, marker={"size": 4},
@@ -257,14 +267,12 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
         fig.add_scatter(x=xs, y=[num(at(series["entropy"], p)) for p in xs], name="entropy (nats)",
                         mode="lines", yaxis="y2", line={"color": ENTROPY, "width": 1.5, "dash": "dot"},
                         connectgaps=False, hovertext=hover, hoverinfo="text")
-    base_layout(fig, f"{title} · step {i}", xaxis_title="position in the canvas",
+    base_layout(fig, f"{title} · step {i}", xaxis_title="position in the canvas", barmode="overlay",
+                legend_below=True,
                 yaxis={"title": "probability", "range": [0, 1.05]},
                 yaxis2={"title": "entropy (nats)", "overlaying": "y", "side": "right", "showgrid": False,
                         "rangemode": "tozero"})
     fig.update_layout(margin={"r": 56})
-    fig.add_annotation(text="bars: green committed now · red remasked · grey masked · blue filled earlier",
-                       xref="paper", yref="paper", x=0, y=1.0, yshift=4, xanchor="left", yanchor="bottom",
-                       showarrow=False, font={"size": 11, "color": INK})
     return fig
 
 
@@ -291,9 +299,9 @@ def commits_per_step_figure(trace: dict[str, Any], step: int | None = None) -> g
         fig.add_bar(x=xs, y=down, name="remasked", marker_color=REJECTED)
     fig.add_scatter(x=xs, y=filled, name="filled so far", mode="lines", yaxis="y2", line={"color": INK, "width": 2})
     base_layout(fig, f"{title} · {len(steps)} steps", barmode="relative", xaxis_title="step",
-                yaxis_title="positions",
+                yaxis={"title": "positions", "dtick": int_dtick(max(up + [-d for d in down]))},
                 yaxis2={"title": "filled", "overlaying": "y", "side": "right", "showgrid": False,
-                        "rangemode": "tozero"})
+                        "range": [0, max(filled + [1]) * 1.05], "dtick": int_dtick(max(filled + [1]), 6)})
     fig.update_layout(margin={"r": 52})
     if step is not None and isinstance(step, int):
         fig.add_vline(x=step, line={"color": CHOSEN, "width": 1, "dash": "dot"})

@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    CHOSEN, ENTROPY, FINAL, INK, RAW, at, base_layout, empty_figure, fmt, ints, label, num,
+    CHOSEN, ENTROPY, FINAL, INK, RAW, at, base_layout, empty_figure, fmt, int_dtick, ints, label, num,
     pick_step, plot_text, steps_of, token_text, visible, wrong_kind,
 )
 
@@ -42,9 +42,15 @@ def distribution_figure(trace: dict[str, Any], step: int) -> go.Figure:
     i, s = pick_step(trace, step)
     if s is None:
         return empty_figure("no steps yet", title)
-    if s.get("kind") != "token":
+    if s.get("kind") == "draft" and isinstance(s.get("correction_dist"), dict):
+        # A draft step's correction/bonus token was sampled from this distribution.
+        dist = s["correction_dist"]
+        kind = (s.get("tree") or {}).get("correction_kind") if isinstance(s.get("tree"), dict) else None
+        title = "Bonus-token distribution" if kind == "bonus" else "Correction distribution (residual)"
+    elif s.get("kind") != "token":
         return wrong_kind(i, s, "token", title)
-    dist = s.get("dist")
+    else:
+        dist = s.get("dist")
     if not isinstance(dist, dict):
         return empty_figure(f"step {i} has no distribution evidence", title)
     ids = ints(dist.get("top_ids"))
@@ -67,7 +73,8 @@ def distribution_figure(trace: dict[str, Any], step: int) -> go.Figure:
     fig = go.Figure()
     fig.add_bar(x=xs, y=[r if r is not None else 0 for r in raw], name="raw (model)",
                 marker_color=RAW, hovertext=hover, hoverinfo="text")
-    fig.add_bar(x=xs, y=[f if f is not None else 0 for f in final], name="final (after the chain)",
+    fig.add_bar(x=xs, y=[f if f is not None else 0 for f in final],
+                name="final (after the chain)" if s.get("kind") == "token" else "sampled from",
                 marker_color=FINAL, hovertext=hover, hoverinfo="text")
     chosen = dist.get("chosen")
     if chosen in ids:
@@ -88,13 +95,9 @@ def distribution_figure(trace: dict[str, Any], step: int) -> go.Figure:
     rank = dist.get("chosen_rank")
     if isinstance(rank, int):
         notes.append(f"chosen rank {rank}")
-    base_layout(fig, f"{title} · step {i}", barmode="group", yaxis_title="probability",
-                yaxis_range=[0, _ymax(raw, final)])
+    base_layout(fig, f"{title} · step {i}", subtitle=plot_text(" · ".join(notes)), barmode="group",
+                yaxis_title="probability", yaxis_range=[0, _ymax(raw, final)])
     fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=ticks, tickangle=-45 if len(xs) > 10 else 0)
-    if notes:
-        fig.add_annotation(text=plot_text(" · ".join(notes)), xref="paper", yref="paper", x=1.0, y=1.0,
-                           xanchor="right", yanchor="bottom", yshift=22, showarrow=False,
-                           font={"size": 12, "color": INK})
     return fig
 
 
@@ -130,6 +133,8 @@ def timeline_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure
         fig = _committed_timeline(steps)
     if step is not None and isinstance(step, int):
         fig.add_vline(x=max(0, min(step, len(steps) - 1)), line={"color": CHOSEN, "width": 1, "dash": "dot"})
+    if fig.layout.xaxis.dtick is None and len(steps) <= 40:
+        fig.update_xaxes(dtick=int_dtick(len(steps) - 1, 10))
     return fig
 
 
@@ -159,7 +164,7 @@ def _token_timeline(trace: dict[str, Any], steps: list[dict[str, Any]]) -> go.Fi
     base_layout(fig, "Entropy and chosen-token probability", xaxis_title="step",
                 yaxis={"title": "entropy (nats)", "rangemode": "tozero"},
                 yaxis2={"title": "probability", "overlaying": "y", "side": "right", "range": [0, 1.02],
-                        "showgrid": False})
+                        "showgrid": False, "tickformat": ".1f", "dtick": 0.2})
     fig.update_layout(margin={"r": 52})
     return fig
 

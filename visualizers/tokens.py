@@ -23,7 +23,8 @@ ENTROPY_MAX = 5.0  # nats at which the entropy colour saturates (fixed, so colou
 _ACCEPT_BG = {"accepted": "rgba(34,165,91,0.30)", "correction": "rgba(240,122,26,0.42)",
               "bonus": "rgba(59,130,246,0.38)", "target": ""}
 _ACCEPT_LABEL = {"accepted": "accepted draft token", "correction": "target correction (resampled)",
-                 "bonus": "bonus token from the target", "target": "target step (no draft)"}
+                 "bonus": "bonus token from the target", "target": "target step (no draft)",
+                 "provisional": "best beam so far (provisional)"}
 _STEP_STOPS = [(59, 130, 246), (20, 184, 166), (132, 204, 22), (250, 204, 21)]
 
 
@@ -98,12 +99,33 @@ def token_records(trace: dict[str, Any], upto_step: int | None = None) -> list[T
         while agree < min(len(out), len(recs)) and recs[agree].id == out[agree]:
             agree += 1
         recs = recs[:agree] + [TokenRec(t, max(last, 0), token_text(trace, t)) for t in out[agree:]]
+    else:
+        recs += _provisional(trace, steps, upto_step, recs)
     pieces = trace.get("pieces")
     if isinstance(pieces, list) and len(pieces) == len(out):
         for pos, r in enumerate(recs):
             if pos < len(out) and r.id == out[pos] and isinstance(pieces[pos], str):
                 r.text = pieces[pos]
     return recs
+
+
+def _provisional(trace: dict[str, Any], steps: list[dict[str, Any]], upto_step: int | None,
+                 recs: list[TokenRec]) -> list[TokenRec]:
+    """While a beam search runs it commits nothing; show its best hypothesis so far,
+    marked provisional, so the lane's output still grows (past what is committed)."""
+    shown = [s for s in steps if upto_step is None or not isinstance(s.get("i"), int) or s["i"] <= upto_step]
+    if not shown or shown[-1].get("kind") != "beam":
+        return []
+    beams = [b for b in (shown[-1].get("beams") or []) if isinstance(b, dict) and ints(b.get("ids"))]
+    if not beams:
+        return []
+    best = max(beams, key=lambda b: (num(b.get("score")) is not None, num(b.get("score")) or 0.0))
+    ids = ints(best.get("ids"))
+    have = [r.id for r in recs]
+    if ids[: len(have)] != have:
+        return []
+    i = shown[-1].get("i") if isinstance(shown[-1].get("i"), int) else 0
+    return [TokenRec(t, i, token_text(trace, t), accept="provisional") for t in ids[len(have):]]
 
 
 def canvas_records(trace: dict[str, Any], upto_step: int | None = None) -> list[TokenRec]:
@@ -164,7 +186,7 @@ def _title(r: TokenRec, diffusion: bool) -> str:
     if r.entropy is not None:
         parts.append(f"entropy {r.entropy:.2f} nats")
     if not diffusion and r.accept != "target":
-        parts.append(_ACCEPT_LABEL[r.accept])
+        parts.append(_ACCEPT_LABEL.get(r.accept, r.accept))
     return " · ".join(parts)
 
 
@@ -196,6 +218,9 @@ def tokens_html(trace: dict[str, Any], metric: str, lane: int = 0, upto_step: in
             style.append(f"background:{bg}")
         if r.masked:
             style.append("color:#9aa1ab")
+        if r.accept == "provisional":
+            cls += " prov"
+            style.append("opacity:0.6;font-style:italic")
         if upto_step is not None and r.step == upto_step and not r.masked:
             cls += " cur"
             style.append("outline:1.5px solid #f5a524")

@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    ACCEPTED, BONUS, CORRECTION, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt,
+    ACCEPTED, BONUS, CORRECTION, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt, int_dtick,
     ints, label, num, pick_step, plot_text, steps_of, visible, token_text, wrong_kind,
 )
 
@@ -88,13 +88,23 @@ def node_status(tree: dict[str, Any]) -> dict[Any, str]:
             out[nid] = "accepted"
             continue
         parent_ok = (par not in ids) or (par in acc)
-        looked = n.get("accepted") is False or num(n.get("accept_prob")) is not None
+        # A trace that records accept_prob leaves it null for nodes verification never
+        # tried (siblings after an accepted one); without the field, False means tried.
+        looked = (num(n.get("accept_prob")) is not None if "accept_prob" in n
+                  else n.get("accepted") is False)
         out[nid] = "rejected" if parent_ok and looked else "never reached"
     return out
 
 
-def layout_tree(tree: dict[str, Any]) -> dict[Any, tuple[int, float]]:
-    """(depth, row) of every node and of the context root ``ROOT`` (depth 0)."""
+CORR = "__correction__"
+
+
+def layout_tree(tree: dict[str, Any], correction_parent: Any = None) -> dict[Any, tuple[int, float]]:
+    """(depth, row) of every node and of the context root ``ROOT`` (depth 0).
+
+    With ``correction_parent`` the correction/bonus token is laid out too, as ``CORR``,
+    the last child of that node, so it gets its own row instead of covering a sibling.
+    """
     nodes = tree_nodes(tree)
     ids = [n["id"] for n in nodes]
     idset = set(ids)
@@ -103,6 +113,8 @@ def layout_tree(tree: dict[str, Any]) -> dict[Any, tuple[int, float]]:
         par = n.get("parent")
         key = par if (par in idset and par != n["id"]) else ROOT
         children.setdefault(key, []).append(n["id"])
+    if correction_parent is not None:
+        children.setdefault(correction_parent if correction_parent in idset else ROOT, []).append(CORR)
     pos: dict[Any, tuple[int, float]] = {}
     next_row = [0]
     seen: set[Any] = set()
@@ -141,13 +153,11 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
     if not nodes and correction is None:
         return empty_figure(f"step {i} drafted nothing", f"{title} · step {i}")
     status = node_status(tree)
-    pos = layout_tree(tree)
     path = accepted_ids(tree)
+    ids = {n["id"] for n in nodes}
+    corr_parent = path[-1] if path and path[-1] in ids else ROOT
+    pos = layout_tree(tree, corr_parent if correction is not None else None)
     kind = tree.get("correction_kind") if isinstance(tree, dict) else None
-    corr_parent = path[-1] if path and path[-1] in pos else ROOT
-    if correction is not None:
-        cd, cr = pos[corr_parent]
-        pos["__correction__"] = (cd + 1, cr)
 
     fig = go.Figure()
     by_id = {n["id"]: n for n in nodes}
@@ -167,16 +177,16 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
             fig.add_scatter(x=ex, y=ey, mode="lines", line={"color": colour, "width": width},
                             hoverinfo="skip", showlegend=False, name=name)
     if correction is not None:
-        (x0, y0), (x1, y1) = pos[corr_parent], pos["__correction__"]
+        (x0, y0), (x1, y1) = pos[corr_parent], pos[CORR]
         fig.add_scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
                         line={"color": BONUS if kind == "bonus" else CORRECTION, "width": 2.5, "dash": "dot"})
 
     rx, ry = pos[ROOT]
-    committed_before = _context_hint(trace, i)
+    committed_before = _context_hint(trace, i) or (label(trace, s.get("root"), 10) if s.get("root") is not None else "")
     fig.add_scatter(x=[rx], y=[ry], mode="markers+text", name="context",
                     marker={"symbol": "circle", "size": 14, "color": INK},
-                    text=[plot_text(committed_before) or "context"], textposition="middle left",
-                    hovertext=[f"context (output so far ends with “{plot_text(committed_before)}”)"],
+                    text=[committed_before or "context"], textposition="middle left",
+                    hovertext=[f"context (output so far ends with “{committed_before}”)"],
                     hoverinfo="text", showlegend=False)
     for st in ("accepted", "rejected", "never reached"):
         group = [n for n in nodes if status[n["id"]] == st]
@@ -198,7 +208,7 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
         why = ("all drafted tokens accepted; the target adds one more" if kind == "bonus"
                else "sampled by the target from the residual max(0, p − q)")
         fig.add_scatter(
-            x=[pos["__correction__"][0]], y=[pos["__correction__"][1]], mode="markers+text", name=what,
+            x=[pos[CORR][0]], y=[pos[CORR][1]], mode="markers+text", name=what,
             marker={"symbol": "diamond", "size": 17, "color": colour, "line": {"width": 1, "color": "rgba(0,0,0,0.35)"}},
             text=[label(trace, correction)], textposition="top center",
             hovertext=[f"<b>{tx}</b> (#{correction})<br>{plot_text(what)} token<br>{plot_text(why)}"],
@@ -225,9 +235,8 @@ def _context_hint(trace: dict[str, Any], i: int) -> str:
     for s in steps_of(trace)[:i]:
         if s.get("kind") != "denoise":
             ids.extend(ints(s.get("committed")))
-    txt = "".join(token_text(trace, t) for t in ids[-4:])
-    txt = visible(txt)
-    return ("…" + txt[-10:]) if len(txt) > 10 else txt
+    txt = visible("".join(token_text(trace, t) for t in ids[-4:])) if ids else ""
+    return plot_text(("…" + txt[-10:]) if len(txt) > 10 else txt)
 
 
 def _node_hover(trace: dict[str, Any], n: dict[str, Any], status: str, depth: int) -> str:
@@ -262,7 +271,8 @@ def accepted_length_histogram(trace: dict[str, Any]) -> go.Figure:
     mean = sum(lengths) / len(lengths)
     per_step = sum(len(ints(s.get("committed"))) for s in steps) / len(steps)
     base_layout(fig, f"{title} · mean {mean:.2f} · {per_step:.2f} tokens per verification",
-                xaxis={"title": "accepted length", "dtick": 1}, yaxis_title="steps", showlegend=False)
+                xaxis={"title": "accepted length", "dtick": 1},
+                yaxis={"title": "steps", "dtick": int_dtick(max(counts))}, showlegend=False)
     return fig
 
 
@@ -298,7 +308,8 @@ def acceptance_timeline(trace: dict[str, Any], step: int | None = None) -> go.Fi
     fig.add_scatter(x=xs, y=running, name="running rate", mode="lines", yaxis="y2",
                     line={"color": INK, "width": 2})
     base_layout(fig, f"{title} · overall {100 * tot_a / tot_d:.0f}%" if tot_d else title,
-                barmode="stack", xaxis_title="step", yaxis={"title": "tokens", "rangemode": "tozero"},
+                barmode="stack", xaxis={"title": "step", "dtick": int_dtick(max(x for x in xs if isinstance(x, int)) if any(isinstance(x, int) for x in xs) else 1, 12)},
+                yaxis={"title": "tokens", "rangemode": "tozero", "dtick": int_dtick(max(a + c + b for a, c, b in zip(acc, corr, bonus)))},
                 yaxis2={"title": "acceptance rate", "overlaying": "y", "side": "right", "range": [0, 1.05],
                         "showgrid": False, "tickformat": ".0%"})
     fig.update_layout(margin={"r": 56})
