@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     ls = sub.add_parser("list", help="stored sessions, newest first")
     ls.add_argument("--json", action="store_true", help="print a JSON list")
+    ls.add_argument("--limit", type=int, default=None, metavar="N", help="only the N newest")
     sh = sub.add_parser("show", help="one session: its lanes and their outputs")
     sh.add_argument("id")
     sh.add_argument("--json", action="store_true", help="print the whole session (with traces) as JSON")
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(store: Any, args: argparse.Namespace) -> int:
-    sessions = store.list_sessions() if store is not None else []
+    sessions = store.list_sessions(limit=args.limit) if store is not None else []
     if args.json:
         print(json.dumps(sessions, ensure_ascii=False))
         return 0

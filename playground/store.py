@@ -117,9 +117,17 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
+def _plain(value: Any) -> Any:
+    """numpy/torch scalars and arrays that slipped into evidence become plain JSON values."""
+    for attr in ("tolist", "item"):
+        if callable(getattr(value, attr, None)):
+            return getattr(value, attr)()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
 def _dumps(value: Any, what: str) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False, default=_plain)
     except (TypeError, ValueError) as e:
         raise PlaygroundError(f"{what} cannot be stored as JSON: {e}") from None
 
@@ -332,13 +340,15 @@ class Store:
                 "prompt": s["prompt"], "settings": json.loads(s["settings"]),
                 "decoders": [r["decoder"] for r in runs], "runs": runs}
 
-    def list_sessions(self) -> list[dict[str, Any]]:
-        """Every session (id, title, model, decoders in lane order, created), newest first."""
+    def list_sessions(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Sessions (id, title, model, decoders in lane order, created), newest first; at most ``limit``."""
+        newest = "SELECT {} FROM sessions ORDER BY created DESC, rowid DESC LIMIT ?"
+        n = -1 if limit is None else max(int(limit), 0)  # LIMIT -1: no limit
         with self._lock:
-            sessions = list(self.db.query(
-                "SELECT rowid, id, title, model, created FROM sessions ORDER BY created DESC, rowid DESC"))
+            sessions = list(self.db.query(newest.format("id, title, model, created"), [n]))
             decoders: dict[str, list[str]] = {}
-            for r in self.db.query("SELECT session_id, decoder FROM runs ORDER BY session_id, lane"):
+            for r in self.db.query(f"SELECT session_id, decoder FROM runs WHERE session_id IN ({newest.format('id')}) "
+                                   "ORDER BY session_id, lane", [n]):
                 decoders.setdefault(r["session_id"], []).append(r["decoder"])
         return [{"id": s["id"], "title": s["title"], "model": s["model"],
                  "decoders": decoders.get(s["id"], []), "created": s["created"]} for s in sessions]

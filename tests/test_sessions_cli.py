@@ -70,6 +70,8 @@ def test_list(capsys, db: Path, ids: list[str]) -> None:
     code, out, _ = cli(capsys, "--db", str(db), "list", "--json")  # --db before the command too
     listed = json.loads(out)
     assert [s["id"] for s in listed] == ids[::-1] and listed[0]["decoders"] == ["top_k", "top_p"]
+    code, out, _ = cli(capsys, "list", "--limit", "1", "--db", str(db))
+    assert code == 0 and out.split()[0] == ids[1] and len(out.splitlines()) == 1
 
 
 def test_default_database_from_env(capsys, db: Path, tmp_path: Path, monkeypatch) -> None:

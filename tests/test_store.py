@@ -107,6 +107,21 @@ def test_list_newest_first_with_decoders(store: Store) -> None:
     assert listed[1] == {"id": b, "title": "second", "model": "tiny-llama",
                          "decoders": ["top_k", "top_p", "greedy"], "created": listed[1]["created"]}
     assert store.count() == 3
+    assert [s["id"] for s in store.list_sessions(limit=2)] == [c, b]
+    assert store.list_sessions(limit=2)[1]["decoders"] == ["top_k", "top_p", "greedy"]
+    assert store.list_sessions(limit=0) == []
+
+
+def test_numpy_values_are_stored_as_plain_json(store: Store) -> None:
+    import numpy as np
+
+    trace = make_trace()
+    trace["steps"][0]["dist"]["final"] = np.array([0.5, 0.25], dtype=np.float32)
+    trace["stats"]["wall_s"] = np.float64(0.125)
+    sid = store.save_session("np", "m", "p", {"seed": np.int64(3)}, [trace])
+    s = store.load_session(sid)
+    assert s["runs"][0]["steps"][0]["dist"]["final"] == [0.5, 0.25] and s["runs"][0]["stats"]["wall_s"] == 0.125
+    assert s["settings"] == {"seed": 3}
 
 
 def test_rename_and_delete(store: Store, db: Path) -> None:
