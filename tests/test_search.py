@@ -1,0 +1,256 @@
+"""Beam search equals transformers' generate(num_beams=k); diverse beam search follows the
+Hamming-diversity rule; arithmetic sampling's samples are stratified and each is an exact
+draw from the model."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from decoders.base import get_decoder
+from decoders.search import arithmetic_codes, cdf_interval
+from playground.engine import prepare
+from playground.errors import PlaygroundError
+from playground.models import handle_from_model
+
+PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo", "To be, or not to be"]
+N = 8  # new tokens per beam test: enough for hypotheses to finish, cheap on two busy cores
+
+
+def _untied(model_cls, cfg, scale: float):
+    torch.manual_seed(1)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():  # moderately peaked next-token distributions: beams really compete
+        model.get_output_embeddings().weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def llama(tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      tie_word_embeddings=False)
+    return handle_from_model(_untied(LlamaForCausalLM, cfg, 16.0), tokenizer, name="beam-llama")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                     eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    return handle_from_model(_untied(GPT2LMHeadModel, cfg, 40.0), tokenizer, name="beam-gpt2")
+
+
+def run(handle, decoder, prompt, n, params, stop=None, seed=0):
+    r = prepare(model=handle, decoder=decoder, prompt=prompt, max_new_tokens=n, params=params, seed=seed)
+    r.ctx.stop_ids = set() if stop is None else {stop}
+    return r.finish()
+
+
+def hf_beams(handle, prompt_ids, k, n, eos, nret=1, lp=1.0, es=False):
+    """transformers' beam search: the returned sequences (generated part) and their scores."""
+    ids = torch.tensor([prompt_ids])
+    out = handle.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=k,
+                                max_new_tokens=n, min_new_tokens=0, eos_token_id=eos,
+                                pad_token_id=handle.tokenizer.pad_token_id, num_return_sequences=nret,
+                                length_penalty=lp, early_stopping=es, return_dict_in_generate=True,
+                                output_scores=True)
+    lengths = (out.beam_indices >= 0).sum(dim=1).tolist()  # each sequence's own generated length
+    seqs = [out.sequences[i, len(prompt_ids): len(prompt_ids) + n].tolist()[:lengths[i]] for i in range(nret)]
+    return seqs, out.sequences_scores.tolist()
+
+
+_STOPS: dict = {}
+
+
+def a_stop_token(handle, prompt, k):
+    """A token the best beam produces midway, so hypotheses really finish on it."""
+    key = (handle.name, prompt, k)
+    if key not in _STOPS:
+        _STOPS[key] = run(handle, "beam", prompt, 6, {"num_beams": k}).output_ids[3]
+    return _STOPS[key]
+
+
+def finished_early(trace, stop) -> bool:
+    """Whether some hypothesis finished on ``stop`` before the length limit."""
+    return any(b["finished"] and b["ids"][-1] == stop for s in trace.steps[:-1] for b in s.evidence["beams"])
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+@pytest.mark.parametrize("with_eos", [False, True])
+def test_beam_equals_transformers_llama(llama, k, prompt, with_eos):
+    stop = a_stop_token(llama, prompt, k) if with_eos else None
+    trace = run(llama, "beam", prompt, N, {"num_beams": k, "num_return_sequences": k}, stop)
+    seqs, scores = hf_beams(llama, trace.prompt_ids, k, N, stop, nret=k)
+    assert trace.output_ids == seqs[0]
+    assert [s["ids"] for s in trace.stats["sequences"]] == seqs
+    assert [s["score"] for s in trace.stats["sequences"]] == pytest.approx(scores, abs=1e-4)
+    if with_eos:
+        assert finished_early(trace, stop)  # the stop token really ended hypotheses
+
+
+@pytest.mark.parametrize("k,with_eos", [(2, False), (4, True)])
+def test_beam_equals_transformers_gpt2(gpt2, k, with_eos):
+    stop = a_stop_token(gpt2, PROMPTS[2], k) if with_eos else None
+    trace = run(gpt2, "beam", PROMPTS[2], N, {"num_beams": k}, stop)
+    seqs, _ = hf_beams(gpt2, trace.prompt_ids, k, N, stop)
+    assert trace.output_ids == seqs[0]
+
+
+@pytest.mark.parametrize("lp,es", [(0.0, "never"), (2.0, "never"), (-1.0, "true")])
+def test_beam_length_penalty_and_early_stopping(llama, lp, es):
+    stop = a_stop_token(llama, PROMPTS[0], 4)
+    trace = run(llama, "beam", PROMPTS[0], N,
+                {"num_beams": 4, "length_penalty": lp, "early_stopping": es, "num_return_sequences": 4}, stop)
+    seqs, scores = hf_beams(llama, trace.prompt_ids, 4, N, stop, nret=4, lp=lp,
+                            es={"never": "never", "true": True}[es])
+    assert [s["ids"] for s in trace.stats["sequences"]] == seqs
+    assert [s["score"] for s in trace.stats["sequences"]] == pytest.approx(scores, abs=1e-4)
+
+
+def test_beam_steps_show_the_beams(llama):
+    trace = run(llama, "beam", PROMPTS[0], 6, {"num_beams": 3})
+    assert trace.stats["target_forwards"] == 6  # one batched forward per step
+    assert all(s.kind == "beam" and s.committed == [] for s in trace.steps)
+    for prev, step in zip(trace.steps, trace.steps[1:]):
+        for b in step.evidence["beams"]:
+            parent = prev.evidence["beams"][b["parent"]]
+            assert b["ids"][:-1] == parent["ids"] and not parent["finished"]
+    d = trace.to_dict()
+    assert all(str(t) in d["tokens"] for t in trace.steps[-1].evidence["beams"][0]["ids"])
+
+
+def test_diverse_beam_with_one_group_is_beam_search(llama):
+    trace = run(llama, "diverse_beam", PROMPTS[2], N, {"num_beams": 4, "num_beam_groups": 1,
+                                                       "diversity_penalty": 5.0})
+    seqs, _ = hf_beams(llama, trace.prompt_ids, 4, N, None)
+    assert trace.output_ids == seqs[0]
+
+
+def test_diverse_beam_first_group_is_unpenalised_beam_search(llama):
+    """Group 0 never sees a penalty: it is exactly beam search with the group's size."""
+    stop = a_stop_token(llama, PROMPTS[0], 2)
+    trace = run(llama, "diverse_beam", PROMPTS[0], N, {"num_beams": 4, "num_beam_groups": 2,
+                                                       "diversity_penalty": 2.0,
+                                                       "num_return_sequences": 4}, stop)
+    seqs, _ = hf_beams(llama, trace.prompt_ids, 2, N, stop, nret=2)
+    assert [s["ids"] for s in trace.stats["sequences"] if s["group"] == 0] == seqs
+
+
+def test_diverse_beam_hamming_rule_at_the_first_step(llama):
+    """Groups of one beam: group g takes argmax(log p - penalty * times chosen by earlier groups)."""
+    lam = 0.7
+    trace = run(llama, "diverse_beam", PROMPTS[1], 2, {"num_beams": 4, "num_beam_groups": 4,
+                                                       "diversity_penalty": lam})
+    first = [b["ids"][0] for b in trace.steps[0].evidence["beams"] if not b["finished"]]
+    logp = torch.log_softmax(llama.forward(trace.prompt_ids).logits[0, -1], -1)
+    counts = torch.zeros_like(logp)
+    expect = []
+    for _ in range(4):
+        tok = int(torch.argmax(logp - lam * counts))
+        expect.append(tok)
+        counts[tok] += 1
+    assert first == expect
+    huge = run(llama, "diverse_beam", PROMPTS[1], 2, {"num_beams": 4, "num_beam_groups": 4,
+                                                      "diversity_penalty": 20.0})
+    firsts = [b["ids"][0] for b in huge.steps[0].evidence["beams"] if not b["finished"]]
+    assert len(set(firsts)) == 4  # a large penalty forces four different first tokens
+
+
+# ---------------------------------------------------------------------- arithmetic sampling
+def test_arithmetic_first_step_is_stratified(llama):
+    """Codes in different CDF intervals give different first tokens, and every token gets
+    floor or ceil of N * p of the N samples (the paper's low-variance property)."""
+    n = 16
+    trace = run(llama, "arithmetic", PROMPTS[0], 4, {"num_samples": n}, seed=3)
+    beams = trace.steps[0].evidence["beams"]
+    probs = torch.softmax(llama.forward(trace.prompt_ids).logits[0, -1].double(), -1)
+    by_interval: dict[tuple, set] = {}
+    for b in beams:
+        lo, hi = b["interval"]
+        assert lo <= b["code"] < hi
+        by_interval.setdefault((lo, hi), set()).add(b["ids"][0])
+    assert all(len(toks) == 1 for toks in by_interval.values())  # one token per interval
+    tokens = [next(iter(t)) for t in by_interval.values()]
+    assert len(set(tokens)) == len(tokens)  # different intervals, different tokens
+    counts = torch.bincount(torch.tensor([b["ids"][0] for b in beams]), minlength=probs.numel())
+    assert ((counts - n * probs).abs() < 1.0 + 1e-9).all()
+    assert trace.stats["distinct_samples"] > 1
+    assert [s["ids"] for s in trace.stats["samples"]][0] == trace.output_ids
+
+
+def test_arithmetic_codes_are_evenly_spaced():
+    codes = arithmetic_codes(5, 0.37)
+    assert codes[0] == Fraction(0.37) / 5
+    assert all(b - a == Fraction(1, 5) for a, b in zip(codes, codes[1:]))
+    assert 0 <= codes[0] and codes[-1] < 1
+
+
+def test_one_arithmetic_sample_is_an_exact_draw_over_two_steps():
+    """With N = 1 the code is a uniform u; mapping a fine grid of u through two steps of
+    interval coding reproduces the joint p(a) p(b | a) to within the grid's resolution."""
+    g = torch.Generator().manual_seed(0)
+    p1 = torch.softmax(torch.randn(6, generator=g) * 1.5, -1)
+    p2 = torch.softmax(torch.randn(6, 6, generator=g) * 1.5, -1)
+    m = 1000
+    counts = torch.zeros(6, 6)
+    for order in ("id", "prob"):
+        counts.zero_()
+        for j in range(m):
+            c = Fraction(2 * j + 1, 2 * m)
+            a, lo, hi = cdf_interval(p1, c, order)
+            c = (c - lo) / (hi - lo)
+            b, _, _ = cdf_interval(p2[a], c, order)
+            counts[a, b] += 1
+        joint = p1[:, None] * p2
+        assert (counts / m - joint).abs().max() < 2.0 / m
+
+
+def test_one_arithmetic_sample_uses_the_common_random_number(llama):
+    """N = 1 in probability order is the `sample` decoder's first draw with the same seed."""
+    for seed in range(6):
+        a = run(llama, "arithmetic", PROMPTS[2], 1, {"num_samples": 1, "token_order": "prob"}, seed=seed)
+        s = run(llama, "sample", PROMPTS[2], 1, {}, seed=seed)
+        assert a.output_ids == s.output_ids
+
+
+def test_arithmetic_steps_and_batching(llama):
+    n = 4
+    stop = a_stop_token(llama, PROMPTS[0], 2)
+    trace = run(llama, "arithmetic", PROMPTS[0], 8, {"num_samples": n, "temperature": 1.5}, stop, seed=1)
+    assert trace.stats["target_forwards"] == len(trace.steps)  # all samples in one forward per step
+    samples = [s["ids"] for s in trace.stats["samples"]]
+    for s in samples:
+        assert len(s) == 8 or s[-1] == stop
+    last = trace.steps[-1].evidence["beams"]
+    assert [b["ids"] for b in last] == samples
+
+
+@pytest.mark.parametrize("decoder,params,msg", [
+    ("beam", {"num_beams": 0}, "out of range"),
+    ("beam", {"num_beams": 2, "num_return_sequences": 3}, "must not exceed"),
+    ("beam", {"early_stopping": "maybe"}, "not one of"),
+    ("diverse_beam", {"num_beams": 4, "num_beam_groups": 3}, "multiple"),
+    ("arithmetic", {"num_samples": 0}, "out of range"),
+    ("arithmetic", {"token_order": "random"}, "not one of"),
+    ("beam", {"top_p": 0.5}, "no knob"),
+])
+def test_bad_search_knobs(llama, decoder, params, msg):
+    with pytest.raises(PlaygroundError, match=msg):
+        prepare(model=llama, decoder=decoder, prompt="ROMEO:", max_new_tokens=4, params=params)
+
+
+def test_search_decoders_are_documented():
+    for name in ("beam", "diverse_beam", "arithmetic"):
+        cls = get_decoder(name)
+        assert cls.family == "search" and cls.kind == "causal" and cls.step_kind == "beam"
+        assert cls.reference and cls.description and cls.__doc__
+        assert all(spec.help for spec in cls.params.values())
