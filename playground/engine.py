@@ -59,8 +59,10 @@ class Run:
         """The trace so far as a JSON-ready dict (with its token texts), for streaming."""
         d = self.trace.to_dict()
         if not self.done:
-            d["output_ids"] = list(self.output)
-            d["text"] = self.ctx.target.decode(self.output)
+            # a diffusion decoder's output so far is its canvas (masks included), not a prefix
+            live = self.output if self.decoder.output_override is None else self.decoder.output_override
+            d["output_ids"] = list(live)
+            d["text"] = self.ctx.target.decode(live)
             d["stats"] = self.live_stats()
         d["tokens"] = token_texts(self.ctx.target, d)
         d["done"] = self.done

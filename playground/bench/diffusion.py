@@ -1,0 +1,203 @@
+"""Suite ``diffusion``: every named masked-diffusion decoder on the bundled diffusion model.
+
+For each decoder configuration, over the same prompts: denoising steps (= target forward
+passes), tokens per step, wall time, tokens processed (a batched verification pass counts
+all its rows), and quality two ways -- agreement with one-token-per-step decoding (LLaDA with
+``steps = gen_length``, same blocks: share of canvas positions holding the same token, and
+share of prompts whose whole output is identical) and the bundled causal model's perplexity
+of the output given the prompt. A steps-vs-perplexity Pareto plot goes to
+``docs/bench/diffusion_pareto.png`` (with kaleido) or ``.html`` (without).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from playground.errors import PlaygroundError
+
+DESCRIPTION = "diffusion decoders: steps, tokens/step, time, agreement with 1-token/step, AR perplexity"
+
+PROMPTS = [
+    "ROMEO: But soft, what light",
+    "JULIET: O Romeo, Romeo,",
+    "HAMLET: To be, or not to be,",
+    "MACBETH: Tomorrow, and tomorrow,",
+    "KING LEAR: Blow, winds, and crack",
+    "PORTIA: The quality of mercy",
+    "OTHELLO: It is the cause,",
+    "PROSPERO: Our revels now are ended.",
+    "FIRST CITIZEN: Before we proceed",
+    "DUKE: If music be the food of love,",
+    "BRUTUS: There is a tide",
+    "LADY MACBETH: Out, damned spot!",
+]
+
+
+def configs(g: int, block: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, decoder, knobs) of every configuration measured; the first is the reference."""
+    common = {"gen_length": g}
+    semi = {**common, "block_length": block}
+    out: list[tuple[str, str, dict[str, Any]]] = [
+        (f"llada steps={g} (1 token/step)", "llada", {**semi, "steps": g}),
+    ]
+    for s in (g // 2, g // 4, g // 8):
+        out.append((f"llada steps={s}", "llada", {**semi, "steps": s}))
+    out.append((f"llada random steps={g // 2}", "llada", {**semi, "steps": g // 2, "remasking": "random"}))
+    for alg in ("maskgit_plus", "topk_margin", "entropy", "origin"):
+        out.append((f"dream {alg} steps={g // 2}", "dream",
+                    {**semi, "steps": g // 2, "alg": alg, "temperature": 0.0, "top_p": 1.0}))
+    for thr in (0.9, 0.7, 0.5):
+        out.append((f"fast_dllm threshold={thr}", "fast_dllm", {**semi, "threshold": thr}))
+    out.append(("sched (cosine 0.9→0.3)", "sched", {**semi, "steps": g}))
+    out.append(("prophet (7.5/5/2.5)", "prophet", {**semi, "steps": g}))
+    out.append((f"pc_sampler steps={g // 2} (no blocks)", "pc_sampler", {**common, "steps": g // 2}))
+    out.append(("credit threshold=0.9", "credit", {**semi, "threshold": 0.9}))
+    for k in (4, 8):
+        out.append((f"freedave draft={k}", "freedave", {**semi, "draft_size": k}))
+    return out
+
+
+def ar_perplexity(target: Any, prompt_ids: list[int], out_ids: list[int]) -> float | None:
+    """Perplexity of ``out_ids`` given ``prompt_ids`` under a causal model (None if empty)."""
+    if not out_ids:
+        return None
+    ids = torch.tensor([list(prompt_ids) + list(out_ids)])
+    logits = target.forward(ids, use_cache=False).logits[0]
+    p = len(prompt_ids)
+    logp = torch.log_softmax(logits[p - 1:-1].double(), -1)
+    nll = -logp.gather(-1, torch.tensor(out_ids).unsqueeze(-1)).squeeze(-1)
+    return float(torch.exp(nll.mean()))
+
+
+def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int) -> list[dict[str, Any]]:
+    """Run every configuration on every prompt; one row of averages per configuration."""
+    from playground.engine import prepare
+
+    refs: dict[str, Any] = {}
+    rows = []
+    for label, dec, knobs in configs(g, block):
+        acc: dict[str, list[float]] = {k: [] for k in ("steps", "tps", "wall", "agree", "exact", "ppl", "proc")}
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            tr = prepare(model=handle, decoder=dec, prompt=prompt, max_new_tokens=g, seed=0,
+                         params=knobs).finish()
+            acc["wall"].append(time.perf_counter() - t0)
+            canvas = tr.steps[-1].evidence["canvas"]
+            ref = refs.setdefault(prompt, canvas)
+            acc["steps"].append(tr.stats["target_forwards"])
+            acc["tps"].append(g / tr.stats["target_forwards"])
+            acc["proc"].append(tr.stats["target_tokens_processed"])
+            acc["agree"].append(sum(a == b for a, b in zip(canvas, ref)) / g)
+            acc["exact"].append(float(canvas == ref))
+            if target is not None:
+                ppl = ar_perplexity(target, tr.prompt_ids, tr.output_ids)
+                if ppl is not None:
+                    acc["ppl"].append(ppl)
+        mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
+        rows.append({"label": label, "decoder": dec, **{k: mean(v) for k, v in acc.items()}})
+    ref_proc = rows[0]["proc"]
+    for r in rows:
+        r["proc_ratio"] = r["proc"] / ref_proc
+    return rows
+
+
+def pareto(rows: list[dict[str, Any]]) -> set[str]:
+    """Labels on the front of (fewer steps, lower perplexity)."""
+    front = set()
+    for r in rows:
+        if math.isnan(r["ppl"]):
+            continue
+        dominated = any(o is not r and not math.isnan(o["ppl"]) and o["steps"] <= r["steps"]
+                        and o["ppl"] <= r["ppl"] and (o["steps"] < r["steps"] or o["ppl"] < r["ppl"])
+                        for o in rows)
+        if not dominated:
+            front.add(r["label"])
+    return front
+
+
+def plot(rows: list[dict[str, Any]], front: set[str], out_dir: Path, title: str) -> str | None:
+    """Write the steps-vs-perplexity plot; return its path relative to docs/ (None if no data)."""
+    pts = [r for r in rows if not math.isnan(r["ppl"])]
+    if not pts:
+        return None
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for fam in sorted({r["decoder"] for r in pts}):
+        rs = [r for r in pts if r["decoder"] == fam]
+        fig.add_scatter(x=[r["steps"] for r in rs], y=[r["ppl"] for r in rs], mode="markers", name=fam,
+                        text=[r["label"] for r in rs], marker={"size": 10},
+                        hovertemplate="%{text}<br>steps %{x:.1f}<br>perplexity %{y:.2f}<extra></extra>")
+    fr = sorted((r for r in pts if r["label"] in front), key=lambda r: r["steps"])
+    fig.add_scatter(x=[r["steps"] for r in fr], y=[r["ppl"] for r in fr], mode="lines",
+                    name="Pareto front", line={"dash": "dash", "color": "black"})
+    fig.update_layout(title=title, xaxis_title="denoising steps (target forward passes)",
+                      yaxis_title="perplexity of the output under tiny-shakespeare (lower is better)",
+                      template="plotly_white", width=900, height=560)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import kaleido  # noqa: F401
+
+        path = out_dir / "diffusion_pareto.png"
+        fig.write_image(str(path))
+    except Exception:  # noqa: BLE001 - no kaleido (or no browser for it): an HTML file instead
+        path = out_dir / "diffusion_pareto.html"
+        fig.write_html(str(path), include_plotlyjs="cdn")
+    return f"bench/{path.name}"
+
+
+def run_suite(args: argparse.Namespace) -> str:
+    """Measure and return the markdown section."""
+    from playground.bench import machine_line
+    from playground.models import BUNDLED_DIR, load_model
+
+    if not (BUNDLED_DIR / "tiny-shakespeare-diffusion" / "config.json").exists():
+        raise PlaygroundError("the diffusion suite needs the bundled diffusion model; run `playground train-tiny`")
+    handle = load_model("tiny-shakespeare-diffusion")
+    try:
+        target = load_model("tiny-shakespeare").view()
+    except PlaygroundError:
+        target = None
+    g, block = (16, 8) if args.quick else (32, 8)
+    prompts = PROMPTS[:10] if args.quick else PROMPTS
+    t0 = time.perf_counter()
+    rows = measure(handle, target, prompts, g, block)
+    total = time.perf_counter() - t0
+    front = pareto(rows)
+    docs = Path(args.out).resolve().parent
+    rel = plot(rows, front, docs / "bench", f"Diffusion decoders: steps vs quality (gen_length {g}, block {block})")
+    lines = [
+        "## Diffusion decoders: steps vs quality",
+        "",
+        machine_line(),
+        f"Bundled `tiny-shakespeare-diffusion`; {len(prompts)} prompts, gen_length {g}, block_length {block} "
+        f"(pc_sampler: no blocks), temperature 0, seed 0; {total:.0f} s in all. Averages over prompts. "
+        "*Steps* = target forward passes; *tokens/step* = gen_length / steps; *processed* = canvas tokens "
+        "fed to the model relative to the reference (a batched verification pass counts every row). "
+        "*Agreement* = share of canvas positions equal to one-token-per-step LLaDA decoding (first row), "
+        "*identical* = share of prompts with the whole canvas equal. *Perplexity* = bundled "
+        "`tiny-shakespeare` (causal) on the output given the prompt (trailing EOS run trimmed); "
+        "**bold** rows are on the steps-vs-perplexity Pareto front.",
+        "",
+        "| decoder | steps | tokens/step | wall (ms) | processed | agreement | identical | perplexity |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        name = f"**{r['label']}**" if r["label"] in front else r["label"]
+        ppl = "n/a" if math.isnan(r["ppl"]) else f"{r['ppl']:.2f}"
+        lines.append(f"| {name} | {r['steps']:.1f} | {r['tps']:.2f} | {1000 * r['wall']:.0f} | "
+                     f"{r['proc_ratio']:.2f}× | {r['agree']:.3f} | {r['exact']:.2f} | {ppl} |")
+    if rel:
+        lines += ["", f"Plot: [steps vs perplexity, Pareto front]({rel})."]
+    lines += ["", "Reading it: steps buy quality for the schedule-based samplers (LLaDA, Dream); "
+              "threshold, credit and early-exit samplers choose their own number of steps; "
+              "`freedave` must show agreement 1.000 (it is lossless) with fewer steps but more "
+              "tokens processed per step."]
+    return "\n".join(lines) + "\n"
