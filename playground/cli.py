@@ -48,8 +48,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="run the model repository's own code (LLaDA, Dream); off by default")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every subcommand.
+
+    The plugin subcommands (bench, train-tiny, sessions) import their module only when they
+    are the command being run, so `playground sessions list` does not pay for importing torch.
+    """
+    wanted = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), None)
     parser = _Parser(prog="playground", description="Decoder Playground")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
@@ -80,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sp = sub.add_parser(name, help=help_)
         sp.set_defaults(_module=module)
+        if wanted != name:
+            continue
         try:
             importlib.import_module(module).add_arguments(sp)
         except ModuleNotFoundError as e:
@@ -187,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``playground`` console script; returns the exit status."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
