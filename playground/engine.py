@@ -113,7 +113,7 @@ def _ids_in(d: Any, out: set[int], key: str = "") -> None:
     if isinstance(d, dict):
         for k, v in d.items():
             if k in ("top_ids", "committed", "prompt_ids", "output_ids", "canvas", "ids", "guess",
-                     "accepted_tokens", "samples") or k in ("token", "chosen", "correction"):
+                     "accepted_tokens", "samples", "predicted") or k in ("token", "chosen", "correction"):
                 _ids_in(v, out, "ids")
             elif isinstance(v, (dict, list)) and k not in ("tokens", "pieces"):
                 _ids_in(v, out, "")

@@ -378,6 +378,8 @@ def test_trace_fields_and_round_trip(mlm):
     assert st["committed"] == [st["canvas"][p] for p in st["unmasked"]]
     assert trace.stats["tokens_per_step"] == 2.0 and trace.stats["commits_per_step"] == [2] * 6
     assert trace.output_ids == trace.steps[-1].evidence["canvas"][:len(trace.output_ids)]
+    texts = trace.extra["tokens"]  # a replay needs no tokenizer: predicted ids have texts too
+    assert all(str(t) in texts for s in trace.steps for t in s.evidence["predicted"] if t is not None)
     again = Trace.from_json(trace.to_json())
     assert again.steps[2].to_dict() == st
 

@@ -94,7 +94,7 @@ class FreeDave(DiffusionDecoder):
             for n, (q, t) in enumerate(drafts[:accepted]):
                 sub.tokens[keep[n]] = t
             st = denoise_step(lay, x, sub, keep, (s0, s1),
-                              draft={"positions": [q for q, _ in drafts], "tokens": [t for _, t in drafts],
+                              draft={"positions": [q for q, _ in drafts], "ids": [t for _, t in drafts],
                                      "accepted": accepted})
             for q, _t in drafts[:accepted]:
                 commit_step[q] = rnd
