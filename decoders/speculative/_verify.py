@@ -1,0 +1,682 @@
+"""Shared mechanics of the speculative family: draft trees, tree attention, acceptance rules,
+verification with (multi-candidate) rejection sampling, KV-cache reduction, and the loop
+every draft-then-verify decoder runs.
+
+The loop (:class:`SpecDecoder.run`) keeps the target's KV cache plus the committed tokens it
+has not yet seen (``pending``: the whole prompt at first, then the last correction token).
+Each step asks the decoder for a :class:`Tree` of drafted tokens hanging from the last
+committed token, feeds ``pending + tree`` to the target in **one** forward pass (a 4-D tree
+attention mask and explicit position ids when the tree branches), walks the tree from the
+root accepting children by the acceptance rule, draws the correction (resample) or bonus
+token, keeps only the cache entries of the accepted path, and yields a ``draft`` step.
+There is no separate prefill: like transformers' assisted generation, the first
+verification pass also reads the prompt, so a run that never accepts a draft costs exactly
+as many target forwards as ``greedy``.
+
+Exactness. At temperature 0 the sampling chain keeps only the argmax, so a child is
+accepted iff it is the target's argmax, and the output is greedy's. At temperature > 0 the
+children of a node are tried in order with recursive rejection sampling (Chen et al. 2023
+multi-candidate SD; Jeon et al. 2024 RSD): child ``j`` is accepted with probability
+``min(1, p_j(x)/q_j(x))``; on rejection ``p_{j+1} = norm(max(0, p_j - q_j))`` and ``q_{j+1}``
+is ``q_j`` without ``x`` (children drawn *without replacement* from the draft), or, for a
+deterministic candidate (lookup, n-gram, recycled tokens), ``q_j`` is a point mass so
+``p_{j+1}`` is ``p_j`` with ``x`` removed. Either way the committed token follows the
+target's distribution exactly (each stage is a valid speculative-sampling step whose
+residual is the next stage's target), for any tree shape fixed before the children's own
+values are seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from decoders.ar import dist_evidence, sample_index
+from decoders.base import Choice, Context, Decoder, Float, Int, Param, PlaygroundError
+from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
+from playground.trace import Step
+
+NEG_INF = float("-inf")
+ROOT = -1
+
+# ---------------------------------------------------------------------- knobs
+RULES = ("strict", "typical", "fuzzy", "top_m", "entropy")
+LOSSY_RULES = ("typical", "fuzzy", "top_m", "entropy")
+
+
+def rule_params() -> dict[str, Param]:
+    """The acceptance-rule knobs shared by every draft-based decoder."""
+    return dict(
+        accept=Choice("strict", RULES, "acceptance rule: strict (lossless), typical (Medusa), fuzzy "
+                                       "(divergence, FSD), top_m (relaxed), entropy (EASD); all but strict are lossy"),
+        typical_eps=Float(0.09, 0.0, 1.0, "typical: accept if p(x) > min(eps, delta*exp(-H(p)))"),
+        typical_delta=Float(0.3, 0.0, 1.0, "typical: delta of the entropy-scaled threshold"),
+        fuzzy_div=Float(0.3, 0.0, 0.7, "fuzzy: accept if the Jensen-Shannon divergence of p and q (nats) is below this"),
+        top_m=Int(3, 1, 100, "top_m: accept if the drafted token is among the target's m most probable"),
+        easd_entropy=Float(2.0, 0.0, 20.0, "entropy (EASD): both models count as uncertain above this entropy (nats)"),
+        easd_top_n=Int(5, 1, 100, "entropy (EASD): size of the top-N sets whose overlap is measured"),
+        easd_overlap=Float(0.6, 0.0, 1.0, "entropy (EASD): reject when both are uncertain and top-N overlap reaches this share"),
+    )
+
+
+def sampling_params(temperature: float = 1.0) -> dict[str, Param]:
+    """The sampling chain of ``decoders/processors.py`` (without the stateful mirostat),
+    with this family's temperature default."""
+    specs = chain_params()
+    specs.pop("mirostat_tau", None)
+    specs.pop("mirostat_eta", None)
+    specs["temperature"] = Float(temperature, 0.0, 10.0,
+                                 "divide logits by this; 0 = greedy (accept iff argmax), the same chain for p and q")
+    return specs
+
+
+class SpecParams(ChainParams):
+    """Knob specs of a speculative decoder (validation also checks the chain's knobs)."""
+
+
+def is_greedy(params: dict[str, Any]) -> bool:
+    """Whether these knobs make the sampling distribution a point mass on the argmax."""
+    return float(params.get("temperature", 0.0)) == 0.0
+
+
+# ---------------------------------------------------------------------- the draft tree
+@dataclass
+class Tree:
+    """Drafted tokens hanging from the last committed token (parent ``ROOT`` = -1).
+
+    ``aux`` nodes are fed to the target with the tree (lookahead windows, mask probes)
+    but are never verified or committed. ``dists[parent]`` is the distribution the draft
+    nodes under ``parent`` were drawn from, without replacement and in the order they were
+    added; ``None`` means deterministic candidates (point masses). ``rule_q[parent]`` is the
+    draft's distribution the lossy acceptance rules look at (raw softmax at temperature 0).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    q: list[float | None] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    aux: list[bool] = field(default_factory=list)
+    dists: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    rule_q: dict[int, torch.Tensor | None] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int = ROOT, q: float | None = None, source: str = "draft",
+            aux: bool = False) -> int:
+        """Append a node; return its index."""
+        if parent != ROOT and not (0 <= parent < len(self.tokens)):
+            raise ValueError(f"bad parent {parent}")
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.q.append(None if q is None else float(q))
+        self.sources.append(source)
+        self.aux.append(bool(aux))
+        return len(self.tokens) - 1
+
+    def add_chain(self, tokens: Sequence[int], parent: int = ROOT, source: str = "draft",
+                  q: Sequence[float | None] | None = None) -> list[int]:
+        """Append a chain of draft nodes under ``parent``, merging with existing children
+        that carry the same token (so several candidates form a trie)."""
+        out = []
+        for j, t in enumerate(tokens):
+            same = [c for c in self.children(parent) if self.tokens[c] == int(t)]
+            parent = same[0] if same else self.add(t, parent, None if q is None else q[j], source)
+            out.append(parent)
+        return out
+
+    def children(self, i: int, include_aux: bool = False) -> list[int]:
+        """Children of node ``i`` (``ROOT`` for the top level) in the order they were added."""
+        return [c for c, p in enumerate(self.parents) if p == i and (include_aux or not self.aux[c])]
+
+    def depth(self, i: int) -> int:
+        """1 for a child of the root."""
+        d = 0
+        while i != ROOT:
+            i = self.parents[i]
+            d += 1
+        return d
+
+    def path_tokens(self, i: int) -> list[int]:
+        """Tokens from the root (exclusive) down to node ``i`` (inclusive)."""
+        out = []
+        while i != ROOT:
+            out.append(self.tokens[i])
+            i = self.parents[i]
+        return out[::-1]
+
+    def keep(self, ok: Sequence[bool]) -> "Tree":
+        """A copy without the nodes where ``ok`` is False (and without their descendants)."""
+        new, remap = Tree(), {ROOT: ROOT}
+        for i in range(len(self.tokens)):
+            if ok[i] and self.parents[i] in remap:
+                remap[i] = new.add(self.tokens[i], remap[self.parents[i]], self.q[i], self.sources[i], self.aux[i])
+        for old, d in self.dists.items():
+            if old in remap:
+                new.dists[remap[old]] = d
+        for old, d in self.rule_q.items():
+            if old in remap:
+                new.rule_q[remap[old]] = d
+        return new
+
+    def pruned(self, max_depth: int, max_draft_depth: int) -> "Tree":
+        """Drop nodes deeper than ``max_depth`` (any node) or draft nodes deeper than
+        ``max_draft_depth`` (so a step never commits more tokens than allowed)."""
+        ok = []
+        for i in range(len(self.tokens)):
+            d = self.depth(i)
+            ok.append(d <= max_depth and (self.aux[i] or d <= max_draft_depth))
+        return self if all(ok) else self.keep(ok)
+
+
+# ---------------------------------------------------------------------- attention & cache
+def ancestor_masks(parents: Sequence[int]) -> torch.Tensor:
+    """(n, n) bool: ``m[i, j]`` iff ``j`` is ``i`` or an ancestor of ``i`` (parents precede children)."""
+    n = len(parents)
+    m = torch.zeros((n, n), dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            if p >= i:
+                raise ValueError("a parent must come before its child")
+            m[i] = m[p]
+        m[i, i] = True
+    return m
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    """Whether every fed token's parent is the token just before it (plain causal order)."""
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def tree_inputs(parents: Sequence[int], past_len: int, dtype: torch.dtype,
+                device: Any = "cpu") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The 4-D attention mask (1, 1, n, past_len + n) and position ids (1, n) that make each
+    fed token see the cache and its own ancestors only; ``(None, None)`` for a plain chain.
+
+    ``parents[i]`` is the index of token ``i``'s parent among the fed tokens, -1 for a token
+    whose parent is the last cached position. Position = past_len + depth - 1.
+    """
+    if is_chain(parents):
+        return None, None
+    n = len(parents)
+    anc = ancestor_masks(parents)
+    mask = torch.full((1, 1, n, past_len + n), NEG_INF, dtype=dtype)
+    mask[..., :past_len] = 0.0
+    mask[0, 0, :, past_len:] = torch.where(anc, torch.zeros((), dtype=dtype), torch.full((), NEG_INF, dtype=dtype))
+    depth = anc.sum(1)  # number of ancestors-or-self among the fed tokens
+    pos = (past_len + depth - 1).unsqueeze(0).long()
+    return mask.to(device), pos.to(device)
+
+
+def columns_mask(rows: Sequence[Sequence[int]], prefix: int, kv_len: int, dtype: torch.dtype,
+                 device: Any = "cpu") -> torch.Tensor:
+    """A (1, 1, len(rows), kv_len) mask where row r sees columns ``[0, prefix)`` and ``rows[r]``."""
+    mask = torch.full((1, 1, len(rows), kv_len), NEG_INF, dtype=dtype)
+    mask[..., :prefix] = 0.0
+    for r, cols in enumerate(rows):
+        mask[0, 0, r, list(cols)] = 0.0
+    return mask.to(device)
+
+
+def cache_len(cache: Any, layer: int = 0) -> int:
+    """Positions held by one layer of a KV cache."""
+    if cache is None:
+        return 0
+    try:
+        return int(cache.get_seq_length(layer))
+    except TypeError:
+        return int(cache.get_seq_length())
+
+
+def select_cache(cache: Any, keep: Sequence[int]) -> None:
+    """Keep only the cache positions ``keep`` (in that order), in every layer.
+
+    Used to reduce the cache to the accepted path of a verified tree. Falls back to a crop
+    when ``keep`` is a prefix.
+    """
+    keep = list(keep)
+    n = cache_len(cache)
+    if keep == list(range(len(keep))):
+        crop_layers(cache, len(keep))
+        return
+    idx = None
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        if layer.keys.shape[-2] != n:
+            raise RuntimeError("select_cache: layers of unequal length")
+        if idx is None or idx.device != layer.keys.device:
+            idx = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, idx)
+        layer.values = layer.values.index_select(-2, idx)
+
+
+def crop_layers(cache: Any, length: int, layers: int | None = None) -> None:
+    """Keep the first ``length`` positions of the first ``layers`` layers (all by default).
+
+    Unlike ``DynamicCache.crop`` this looks at each layer's own length, so a cache whose
+    first layers hold more positions (an early-exit draft wrote them) is cut correctly.
+    """
+    for layer in list(cache.layers)[: layers if layers is not None else len(cache.layers)]:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        if layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+
+
+# ---------------------------------------------------------------------- drafting helpers
+def draw_without_replacement(probs: torch.Tensor, k: int, us: Sequence[float]) -> list[int]:
+    """Up to ``k`` distinct tokens drawn in sequence from ``probs`` without replacement
+    (each draw from the renormalised rest), using one uniform per draw."""
+    p = probs.detach().double().cpu().clone()
+    out: list[int] = []
+    for j in range(k):
+        if float(p.sum()) <= 0.0:
+            break
+        t = sample_index(p, float(us[j]))
+        out.append(t)
+        p[t] = 0.0
+    return out
+
+
+def entropy(p: torch.Tensor) -> float:
+    """Entropy in nats of a probability vector."""
+    q = p[p > 0].double()
+    return float(-(q * q.log()).sum())
+
+
+def js_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Jensen-Shannon divergence (nats) of two probability vectors."""
+    p, q = p.double(), q.double()
+    m = 0.5 * (p + q)
+
+    def kl(a: torch.Tensor) -> float:
+        nz = a > 0
+        return float((a[nz] * (a[nz] / m[nz]).log()).sum())
+
+    return 0.5 * kl(p) + 0.5 * kl(q)
+
+
+def one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
+    """A point mass on ``token`` with the size of ``like``."""
+    out = torch.zeros_like(like, dtype=torch.float32)
+    out[token] = 1.0
+    return out
+
+
+# ---------------------------------------------------------------------- acceptance rules
+@dataclass
+class Trial:
+    """What verification did with one candidate."""
+
+    accept_prob: float
+    accepted: bool
+    lossy: bool  # the rule decided against what strict would have done with the same uniform
+
+
+class Rule:
+    """An acceptance rule: ``decide`` returns True (force accept), False (force reject) or
+    None (use the strict, distribution-preserving test)."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.name = str(params.get("accept", "strict"))
+        self.params = params
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the rule may change the output distribution."""
+        return self.name in LOSSY_RULES
+
+    def decide(self, token: int, p_rule: torch.Tensor, q_rule: torch.Tensor | None) -> bool | None:
+        """The rule's own verdict on ``token`` (see the class doc)."""
+        k = self.params
+        if self.name == "typical":
+            # Medusa's typical acceptance: p(x) > min(eps, delta * exp(-H(p)))
+            thr = min(k["typical_eps"], k["typical_delta"] * math.exp(-entropy(p_rule)))
+            return True if float(p_rule[token]) > thr else None
+        if self.name == "top_m":
+            m = min(int(k["top_m"]), p_rule.numel())
+            kth = torch.topk(p_rule, m).values[-1]
+            return True if float(p_rule[token]) >= float(kth) and float(p_rule[token]) > 0 else None
+        if self.name == "fuzzy":
+            q = q_rule if q_rule is not None else one_hot(token, p_rule)
+            return True if js_divergence(p_rule, q) <= k["fuzzy_div"] else None
+        if self.name == "entropy":
+            if q_rule is None:
+                return None  # a deterministic draft is never "uncertain"
+            tau = k["easd_entropy"]
+            if entropy(p_rule) > tau and entropy(q_rule) > tau:
+                n = min(int(k["easd_top_n"]), p_rule.numel())
+                a = set(torch.topk(p_rule, n).indices.tolist())
+                b = set(torch.topk(q_rule, n).indices.tolist())
+                if len(a & b) / n >= k["easd_overlap"]:
+                    return False
+            return None
+        return None
+
+
+def verify_group(p: torch.Tensor, cands: Sequence[int], qdist: torch.Tensor | None,
+                 uniforms: Sequence[float], rule: Rule | None = None,
+                 p_rule: torch.Tensor | None = None,
+                 q_rule: torch.Tensor | None = None) -> tuple[int | None, list[Trial], torch.Tensor, bool]:
+    """Try sibling candidates in order by recursive rejection sampling.
+
+    ``p``: the target's sampling distribution at the parent; ``qdist``: the distribution
+    the candidates were drawn from without replacement (None: deterministic candidates).
+    Returns (index of the accepted candidate or None, one :class:`Trial` per tried
+    candidate, the distribution to draw the correction from when none is accepted, and
+    whether the last decision was a forced rejection). With ``rule`` the lossy rules may
+    override the strict test; the residual stays the strict one.
+    """
+    p_j = p.double().cpu()
+    q_base = qdist.double().cpu().clone() if qdist is not None else None
+    trials: list[Trial] = []
+    for j, x in enumerate(cands):
+        if q_base is not None:
+            tot = float(q_base.sum())
+            q_j = q_base / tot if tot > 0 else torch.zeros_like(q_base)
+            qx = float(q_j[x])
+        else:
+            q_j, qx = None, 1.0
+        px = float(p_j[x])
+        strict_prob = min(1.0, px / qx) if qx > 0 else (1.0 if px > 0 else 0.0)
+        u = float(uniforms[j])
+        strict_ok = u < strict_prob
+        verdict = rule.decide(x, p_rule if p_rule is not None else p, q_rule) if rule is not None else None
+        ok = strict_ok if verdict is None else verdict
+        prob = strict_prob if verdict is None else float(verdict)
+        trials.append(Trial(prob, ok, ok != strict_ok))
+        if ok:
+            return j, trials, p_j, False
+        if verdict is False:
+            # EASD: the target re-draws from its own distribution
+            return None, trials, p_j, True
+        if q_j is None:
+            res = p_j.clone()
+            res[x] = 0.0
+        else:
+            res = torch.clamp(p_j - q_j, min=0.0)
+            q_base[x] = 0.0
+        if float(res.sum()) <= 1e-12:  # p == q up to rounding: fall back to p without x
+            res = p_j.clone()
+            res[x] = 0.0
+            if float(res.sum()) <= 0:
+                res = p_j.clone()
+        p_j = res / res.sum()
+    return None, trials, p_j, False
+
+
+# ---------------------------------------------------------------------- the shared loop
+@dataclass
+class Verified:
+    """Everything one verification step produced (given to ``after_verify``)."""
+
+    tree: Tree
+    rows: torch.Tensor            # target logits of every fed token (pending then tree nodes)
+    n_pending: int
+    path: list[int]               # accepted draft nodes, root to leaf
+    committed: list[int]
+    correction: int | None
+    correction_kind: str | None
+    node_info: dict[int, dict[str, Any]]
+    past_len: int                 # cache length before this step's forward
+    root_token: int
+    stopped: str | None = None
+    correction_dist: dict[str, Any] | None = None
+
+    def row(self, node: int) -> torch.Tensor:
+        """Target logits at a tree node (``ROOT`` = the last committed token)."""
+        return self.rows[self.n_pending - 1 + (0 if node == ROOT else node + 1)]
+
+
+class SpecDecoder(Decoder):
+    """Base of the draft-then-verify decoders. Subclasses implement :meth:`draft` and may
+    override :meth:`setup`, :meth:`after_verify` and :meth:`make_step`."""
+
+    family = "speculative"
+    kind = "causal"
+    step_kind = "draft"
+    greedy_only = False
+
+    # ---------------------------------------------------------------- hooks
+    def setup(self, ctx: Context) -> None:
+        """Called once before the first step."""
+
+    def draft(self, ctx: Context, max_depth: int) -> Tree:
+        """The tree to verify this step (draft nodes at most ``max_depth`` deep)."""
+        raise NotImplementedError
+
+    def after_verify(self, ctx: Context, v: Verified) -> None:
+        """Learn from a verification (tables, windows, draft caches)."""
+
+    def make_step(self, ctx: Context, v: Verified) -> Step:
+        """The trace step of a verification."""
+        return Step("draft", v.committed, tree=tree_evidence(v), root=v.root_token,
+                    correction_dist=v.correction_dist)
+
+    def is_lossy(self, params: dict[str, Any]) -> bool:
+        return str(params.get("accept", "strict")) in LOSSY_RULES
+
+    # ---------------------------------------------------------------- helpers for subclasses
+    @property
+    def committed_ids(self) -> list[int]:
+        """Prompt plus output so far."""
+        return self.prompt + self.out
+
+    def history(self, ctx: Context, extra: Sequence[int] = ()) -> History:
+        """The chain's view of the context after the committed tokens plus ``extra``."""
+        return History(ids=self.prompt + self.out + list(extra), prompt_len=len(self.prompt),
+                       pos=len(self.out) + len(extra), uniform=ctx.uniform)
+
+    def target_probs(self, ctx: Context, logits: torch.Tensor, extra: Sequence[int] = ()) -> torch.Tensor:
+        """The sampling distribution of the chain at this context (one-hot at temperature 0)."""
+        return self.chain.probs(logits.float(), self.history(ctx, extra))
+
+    def rule_probs(self, ctx: Context, logits: torch.Tensor, extra: Sequence[int] = ()) -> torch.Tensor:
+        """The distribution rules and evidence look at: the chain's, or at temperature 0
+        the raw softmax (the chain's would be a point mass)."""
+        if self.greedy:
+            return torch.softmax(logits.float(), -1)
+        return self.target_probs(ctx, logits, extra)
+
+    def next_uniform(self, ctx: Context, stream: str) -> float:
+        """A fresh common random number of ``stream`` (indexed by a per-run counter)."""
+        self._counters[stream] = self._counters.get(stream, 0) + 1
+        return ctx.uniform(self._counters[stream], stream)
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, ctx: Context) -> Iterator[Step]:
+        knobs = dict(ctx.params)
+        if self.greedy_only:
+            knobs["temperature"] = 0.0
+        self.greedy = is_greedy(knobs)
+        chain_knobs = {k: knobs[k] for k in CHAIN_DEFAULTS if k in knobs}
+        chain_knobs["temperature"] = float(knobs.get("temperature", 0.0))
+        self.chain = build_chain(chain_knobs, ctx.target.tokenizer, ctx.target.vocab_size)
+        self.rule = Rule(knobs)
+        self.prompt = list(ctx.prompt_ids)
+        self.out: list[int] = []
+        self.cache = ctx.target.new_cache()
+        self.pending: list[int] = list(self.prompt)
+        self._counters: dict[str, int] = {}
+        self.acc = _Stats()
+        self.setup(ctx)
+        while len(self.out) < ctx.max_new_tokens:
+            ctx.check_cancel()
+            remaining = ctx.max_new_tokens - len(self.out)
+            past = cache_len(self.cache)
+            room = max(0, ctx.target.context_length - past - len(self.pending))
+            tree = self.draft(ctx, remaining - 1).pruned(room, remaining - 1)
+            v = self._verify(ctx, tree)
+            self.acc.add(v)
+            self.out.extend(v.committed)
+            self.after_verify(ctx, v)
+            self.extra_stats = self.acc.stats(self)
+            yield self.make_step(ctx, v)
+            if v.stopped:
+                self.finish_reason = v.stopped
+                return
+        self.finish_reason = "length"
+
+    def _verify(self, ctx: Context, tree: Tree) -> Verified:
+        n_pend = len(self.pending)
+        past = cache_len(self.cache)
+        fed = list(self.pending) + tree.tokens
+        parents = [i - 1 for i in range(n_pend)] + [n_pend - 1 if p == ROOT else n_pend + p for p in tree.parents]
+        mask, pos = tree_inputs(parents, past, ctx.target.dtype, ctx.target.device)
+        out = ctx.target.forward(fed, cache=self.cache, attention_mask=mask, position_ids=pos,
+                                 **self.forward_kwargs(ctx))
+        self.cache = out.cache
+        self.last_forward = out
+        rows = out.logits[0]
+        root_token = self.pending[-1]
+        v = Verified(tree=tree, rows=rows, n_pending=n_pend, path=[], committed=[], correction=None,
+                     correction_kind=None, node_info={}, past_len=past, root_token=root_token)
+        self._walk(ctx, v)
+        # evidence p for nodes whose parent the walk did not reach
+        for i in range(len(tree)):
+            if not tree.aux[i] and i not in v.node_info:
+                par = tree.parents[i]
+                pr = self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ())
+                v.node_info[i] = {"p": float(pr[tree.tokens[i]]), "accept_prob": None, "accepted": False}
+        # cache: everything before, the pending tokens, then the accepted path
+        keep = list(range(past + n_pend)) + [past + n_pend + i for i in v.path]
+        select_cache(self.cache, keep)
+        self.pending = [v.correction] if v.correction is not None else []
+        return v
+
+    def forward_kwargs(self, ctx: Context) -> dict[str, Any]:
+        """Extra arguments of the verification forward (layer_skip asks for hidden states)."""
+        return {}
+
+    def _walk(self, ctx: Context, v: Verified) -> None:
+        tree, node, path_tokens = v.tree, ROOT, []
+        while True:
+            pos = len(self.out) + len(path_tokens)
+            logits = v.row(node)
+            p = self.target_probs(ctx, logits, path_tokens)
+            p_rule = torch.softmax(logits.float(), -1) if self.greedy else p
+            kids = tree.children(node)
+            for c in kids:
+                v.node_info[c] = {"p": float(p_rule[tree.tokens[c]]), "accept_prob": None, "accepted": False}
+            if kids:
+                us = [self.next_uniform(ctx, "accept") for _ in kids]
+                idx, trials, residual, forced = verify_group(
+                    p, [tree.tokens[c] for c in kids], tree.dists.get(node), us,
+                    self.rule if self.rule.name != "strict" else None, p_rule, tree.rule_q.get(node))
+                for c, t in zip(kids, trials):
+                    v.node_info[c].update(accept_prob=round(t.accept_prob, 6), accepted=t.accepted)
+                    if t.lossy:
+                        v.node_info[c]["lossy"] = True
+                if idx is not None:
+                    child = kids[idx]
+                    v.path.append(child)
+                    path_tokens.append(tree.tokens[child])
+                    if self._commit(ctx, v, tree.tokens[child]):
+                        return
+                    node = child
+                    continue
+                kind = "resample"
+                draw_from = residual
+                lossy_reject = forced
+            else:
+                kind, draw_from, lossy_reject = "bonus", p, False
+            tok = sample_index(draw_from, ctx.uniform(pos))
+            v.correction, v.correction_kind = tok, kind
+            v.correction_dist = dist_evidence(ctx.target, logits, draw_from.float(), tok,
+                                              min(ctx.top_k_evidence, 10))
+            if lossy_reject and tok != tree.tokens[kids[len(trials) - 1]]:
+                self.acc.lossy_tokens += 1  # EASD rejected a token strict would have kept
+            self._commit(ctx, v, tok)
+            return
+
+    def _commit(self, ctx: Context, v: Verified, tok: int) -> bool:
+        """Append a committed token; True when the run must stop after it."""
+        v.committed.append(int(tok))
+        if int(tok) in ctx.stop_ids:
+            v.stopped = "eos" if int(tok) in getattr(ctx.target, "eos_ids", set()) else "stop"
+            if v.correction is None:
+                v.correction_kind = None
+            return True
+        if ctx.stop_strings:
+            tail = ctx.target.decode((self.out + v.committed)[-32:])
+            if any(s and s in tail for s in ctx.stop_strings):
+                v.stopped = "stop"
+                return True
+        return False
+
+
+def tree_evidence(v: Verified) -> dict[str, Any]:
+    """The ``tree`` field of a draft step: draft nodes (renumbered), accepted path, correction."""
+    tree = v.tree
+    ids: dict[int, int] = {}
+    nodes = []
+    for i in range(len(tree)):
+        if tree.aux[i]:
+            continue
+        ids[i] = len(nodes)
+        info = v.node_info.get(i, {})
+        node = {"id": ids[i], "parent": None if tree.parents[i] == ROOT else ids.get(tree.parents[i]),
+                "token": tree.tokens[i], "q": None if tree.q[i] is None else round(tree.q[i], 6),
+                "p": None if info.get("p") is None else round(info["p"], 6),
+                "accept_prob": info.get("accept_prob"), "accepted": bool(info.get("accepted", False)),
+                "source": tree.sources[i]}
+        if info.get("lossy"):
+            node["lossy"] = True
+        nodes.append(node)
+    return {"nodes": nodes, "accepted_path": [ids[i] for i in v.path],
+            "correction": v.correction, "correction_kind": v.correction_kind}
+
+
+class _Stats:
+    """Running acceptance statistics of a run (merged into the trace's stats)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.drafted = 0
+        self.tried = 0
+        self.accepted = 0
+        self.hist: Counter[int] = Counter()
+        self.sources: Counter[str] = Counter()
+        self.lossy_tokens = 0
+        self.tokens = 0
+
+    def add(self, v: Verified) -> None:
+        self.steps += 1
+        self.drafted += sum(1 for a in v.tree.aux if not a)
+        self.tried += sum(1 for i in v.node_info.values() if i.get("accept_prob") is not None)
+        self.accepted += len(v.path)
+        self.hist[len(v.path)] += 1
+        for i, tok in zip(v.path, v.committed):
+            self.sources[v.tree.sources[i]] += 1
+        if v.correction is not None and len(v.committed) > len(v.path):
+            self.sources["target"] += 1
+        self.lossy_tokens += sum(1 for i in v.path if v.node_info.get(i, {}).get("lossy"))
+        self.tokens += len(v.committed)
+
+    def stats(self, dec: SpecDecoder) -> dict[str, Any]:
+        total = max(1, sum(self.sources.values()))
+        out = {
+            "acceptance_rate": round(self.accepted / self.tried, 4) if self.tried else 0.0,
+            "draft_efficiency": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "mean_accepted_length": round(self.accepted / self.steps, 4) if self.steps else 0.0,
+            "accepted_length_hist": {str(k): self.hist[k] for k in sorted(self.hist)},
+            "source_share": {k: round(c / total, 4) for k, c in sorted(self.sources.items())},
+        }
+        if dec.rule.lossy:
+            out["lossy_tokens"] = self.lossy_tokens
+            out["accept_rule"] = dec.rule.name
+        return out
+
+
+def check_positive_room(ctx: Context) -> None:
+    """Raise if the prompt leaves no room in the context (the engine checks this already)."""
+    if len(ctx.prompt_ids) >= ctx.target.context_length:
+        raise PlaygroundError("the prompt fills the model's whole context")

@@ -1,0 +1,206 @@
+"""Speculative decoding with a draft model: a chain of γ drafted tokens (``speculative``)
+and a dynamic token tree verified in one pass (``spec_tree``)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from decoders.ar import sample_index
+from decoders.base import Context, Float, Int, register
+from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
+                                          crop_layers, draw_without_replacement, rule_params,
+                                          sampling_params)
+
+
+def fit_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
+    """A draft distribution over the target's vocabulary size (padded rows cut or zero-filled)."""
+    n = probs.numel()
+    if n == size:
+        return probs
+    if n > size:
+        out = probs[:size].clone()
+        s = float(out.sum())
+        return out / s if s > 0 else out
+    return torch.cat([probs, torch.zeros(size - n, dtype=probs.dtype, device=probs.device)])
+
+
+class DraftState:
+    """A draft model's KV cache and the ids it holds; catches up on newly committed tokens."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.cache = view.new_cache()
+        self.ids: list[int] = []
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions."""
+        if length < len(self.ids):
+            crop_layers(self.cache, length)
+            del self.ids[length:]
+
+    def catch_up(self, committed: Sequence[int]) -> torch.Tensor:
+        """Feed what the cache lacks of ``committed`` (at least the last token); return the
+        draft logits after it (1-D)."""
+        n = 0
+        for a, b in zip(self.ids, committed):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(committed) - 1)
+        self.crop(n)
+        return self.feed(committed[n:])[-1]
+
+    def feed(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:
+        """Feed ``ids`` after the cache; return their logits (len, V)."""
+        out = self.view.forward(list(ids), cache=self.cache, **kw)
+        self.cache = out.cache
+        self.ids.extend(int(i) for i in ids)
+        return out.logits[0]
+
+
+@register
+class Speculative(SpecDecoder):
+    """Speculative sampling with a draft model (Leviathan et al. 2023; Chen et al. 2023).
+
+    Implements: the draft samples γ tokens from its chain-processed distribution q; one
+    target pass scores them; token i is accepted with probability min(1, p(x)/q(x)); the
+    first rejection is replaced by a draw from norm(max(0, p - q)); if all are accepted a
+    bonus token is drawn from p. The whole sampling chain (decoders/processors.py) is
+    applied identically to p and q; at temperature 0 both are point masses, so a token is
+    accepted iff it is the target's argmax and the output is greedy's. ``adaptive_h`` stops
+    drafting early, SpecDec++-style (A150), once 1 - prod q(x_i) exceeds h.
+    Simplifies: SpecDec++ predicts acceptance with a trained head; here the draft's own
+    confidence q(x_i) stands in for it. Mirostat (stateful) is not offered.
+    """
+
+    name = "speculative"
+    needs_draft = True
+    lossless = True
+    reference = ("Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding; "
+                 "Chen et al. 2023, Accelerating LLM Decoding with Speculative Sampling; "
+                 "Huang et al. 2024, SpecDec++ (adaptive length)")
+    description = "Draft γ tokens with a small model, verify in one target pass, resample at the first rejection"
+    params = SpecParams(
+        gamma=Int(5, 1, 32, "tokens drafted per step (γ)"),
+        adaptive_h=Float(1.0, 0.0, 1.0, "SpecDec++: stop drafting once 1 - prod q(x_i) exceeds this; 1 = always γ"),
+        **rule_params(), **sampling_params(1.0))
+
+    def setup(self, ctx: Context) -> None:
+        self.d = DraftState(ctx.draft)
+
+    def draft(self, ctx: Context, max_depth: int) -> Tree:
+        tree = Tree()
+        gamma = min(int(ctx.params["gamma"]), max_depth)
+        if gamma <= 0:
+            return tree
+        h = float(ctx.params["adaptive_h"])
+        V = ctx.target.vocab_size
+        logits = self.d.catch_up(self.committed_ids)
+        parent, drafted, conf = ROOT, [], 1.0
+        for i in range(gamma):
+            q = fit_vocab(self.chain.probs(logits.float(), self.history(ctx, drafted)), V)
+            qr = fit_vocab(torch.softmax(logits.float(), -1), V) if self.greedy else q
+            x = sample_index(q, self.next_uniform(ctx, "draft"))
+            tree.dists[parent], tree.rule_q[parent] = q, qr
+            parent = tree.add(x, parent, float(qr[x]), "draft-model")
+            drafted.append(x)
+            conf *= float(qr[x])
+            if 1.0 - conf > h or i + 1 == gamma:
+                break
+            logits = self.d.feed([x])[-1]
+        return tree
+
+
+@register
+class SpecTree(SpecDecoder):
+    """Token-tree speculation with a draft model, verified in one target pass.
+
+    Implements (EAGLE-2 / Sequoia / SpecInfer style, A061/A259/A106): per depth the draft
+    expands the ``width`` most promising nodes (by path probability under the draft) with
+    ``topk`` children each, up to ``depth`` levels and ``budget`` nodes; one draft forward
+    per depth uses a tree mask against the draft's cache. The target verifies every node in
+    one forward with a tree attention mask and tree position ids; the longest accepted path
+    is kept and the target cache is reduced to it. At temperature 0 the children are the
+    draft's top-k and a child is accepted iff it is the target's argmax. At temperature > 0
+    the children are drawn without replacement from q and tried in order by recursive
+    rejection sampling (multi-candidate SD / RSD), which preserves the target distribution.
+    Simplifies: SpecTr's optimal-transport selection is replaced by that recursive rule
+    (the research notes' recommended stand-in); no final global re-ranking of nodes, which
+    would break exactness at temperature > 0.
+    """
+
+    name = "spec_tree"
+    needs_draft = True
+    lossless = True
+    reference = ("Li et al. 2024, EAGLE-2 (dynamic draft trees); Chen et al. 2024, Sequoia; Miao et al. 2024, "
+                 "SpecInfer; Sun et al. 2023, SpecTr; Yang et al. 2023, Multi-candidate speculative decoding")
+    description = "Draft a dynamic token tree, verify all of it in one target pass with a tree mask"
+    params = SpecParams(
+        depth=Int(5, 1, 16, "maximum depth of the draft tree"),
+        topk=Int(3, 1, 16, "children drafted under each expanded node"),
+        width=Int(3, 1, 32, "most promising nodes expanded per depth"),
+        budget=Int(24, 1, 256, "maximum number of draft nodes"),
+        **rule_params(), **sampling_params(1.0))
+
+    def setup(self, ctx: Context) -> None:
+        self.d = DraftState(ctx.draft)
+
+    def draft(self, ctx: Context, max_depth: int) -> Tree:
+        tree = Tree()
+        k = ctx.params
+        depth_max = min(int(k["depth"]), max_depth)
+        if depth_max <= 0:
+            return tree
+        budget, topk, width = int(k["budget"]), int(k["topk"]), int(k["width"])
+        V = ctx.target.vocab_size
+        committed = self.committed_ids
+        root_logits = self.d.catch_up(committed)
+        base = len(self.d.ids)
+        col: dict[int, int] = {}  # node -> its column in the draft cache
+        frontier: list[tuple[int, float, torch.Tensor]] = [(ROOT, 1.0, root_logits)]
+        for depth in range(1, depth_max + 1):
+            new: list[tuple[int, float]] = []
+            for node, score, logits in sorted(frontier, key=lambda f: -f[1])[:width]:
+                n_kids = min(topk, budget - len(tree))
+                if n_kids <= 0:
+                    break
+                path = tree.path_tokens(node) if node != ROOT else []
+                q = fit_vocab(self.chain.probs(logits.float(), self.history(ctx, path)), V)
+                qr = fit_vocab(torch.softmax(logits.float(), -1), V) if self.greedy else q
+                if self.greedy:
+                    kids = torch.topk(qr, min(n_kids, V)).indices.tolist()
+                    tree.dists[node] = None  # deterministic top-k
+                else:
+                    us = [self.next_uniform(ctx, "draft") for _ in range(n_kids)]
+                    kids = draw_without_replacement(q, n_kids, us)
+                    tree.dists[node] = q
+                tree.rule_q[node] = qr
+                for x in kids:
+                    c = tree.add(x, node, float(qr[x]), "draft-model")
+                    new.append((c, score * float(qr[x])))
+            if depth == depth_max or not new or len(tree) >= budget:
+                break
+            sel = sorted(new, key=lambda f: -f[1])[:width]
+            start = base + len(col)
+            rows, toks, pos = [], [], []
+            for r, (c, _s) in enumerate(sel):
+                anc, a = [], tree.parents[c]
+                while a != ROOT:
+                    anc.append(col[a])
+                    a = tree.parents[a]
+                rows.append(anc + [start + r])
+                toks.append(tree.tokens[c])
+                pos.append(base - 1 + tree.depth(c))
+            mask = columns_mask(rows, base, start + len(sel), ctx.draft.dtype, ctx.draft.device)
+            logits = self.d.feed(toks, attention_mask=mask,
+                                 position_ids=torch.tensor([pos], device=ctx.draft.device))
+            for r, (c, s) in enumerate(sel):
+                col[c] = start + r
+            frontier = [(c, s, logits[r]) for r, (c, s) in enumerate(sel)]
+        self.d.crop(base)  # tree nodes out of the draft cache; accepted ones are re-fed next step
+        return tree
+
+    def after_verify(self, ctx: Context, v: Verified) -> None:
+        pass
