@@ -252,6 +252,18 @@ def test_progress_one_trace_per_lane():
     assert list(fig.data[0].x) == [0, 1, 2, 3]
 
 
+def test_progress_credits_a_finished_beam_search_output():
+    beams = [{"ids": [5, 7], "score": -0.9, "parent": 0, "finished": True}]
+    tr = trace([{"kind": "beam", "committed": [], "beams": beams}], output_ids=[5, 7])
+    assert list(V.progress_figure([tr]).data[0].y) == [0, 2]
+
+
+def test_denoise_timeline_is_mean_commit_confidence():
+    fig = V.timeline_figure(denoise_trace())
+    (conf,) = by_name(fig, "mean confidence of commits")
+    assert list(conf.y) == pytest.approx([0.25, 0.35, 0.6, 0.3])
+
+
 def test_divergence_finds_first_differing_position():
     assert first_divergence([1, 2, 3, 4], [1, 2, 9, 4]) == 2
     assert first_divergence([1, 2], [1, 2, 3]) is None

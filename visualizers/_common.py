@@ -14,6 +14,7 @@ import math
 from typing import Any, Iterable
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 # One palette for every plot and for the coloured output, so a colour means the same
 # thing everywhere (accepted draft token = green, in the tree, the histogram and the text).
@@ -36,47 +37,55 @@ GRID = "rgba(128,128,128,0.22)"
 HEIGHT = 450
 
 
+TEMPLATE = "playground"
+# The shared look as a registered plotly template: assigning a template by name is several
+# times cheaper than validating the same layout keys on every figure, and the inspector
+# redraws a few figures per lane on every scrubber move.
+pio.templates[TEMPLATE] = go.layout.Template(layout={
+    "height": HEIGHT,
+    "margin": {"l": 52, "r": 20, "t": 56, "b": 44},
+    "paper_bgcolor": "rgba(0,0,0,0)",
+    "plot_bgcolor": "rgba(128,128,128,0.05)",
+    "font": {"color": INK, "size": 12},
+    "title": {"x": 0.01, "xanchor": "left", "font": {"size": 14}},
+    "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0,
+               "bgcolor": "rgba(0,0,0,0)"},
+    "hoverlabel": {"font": {"size": 12}},
+    "bargap": 0.18,
+    "colorway": LANE_COLOURS,
+    "xaxis": {"gridcolor": GRID, "zerolinecolor": GRID, "linecolor": GRID, "automargin": True},
+    "yaxis": {"gridcolor": GRID, "zerolinecolor": GRID, "linecolor": GRID, "automargin": True},
+})
+
+
 def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, subtitle: str = "",
                 legend_below: bool = False, **more: Any) -> go.Figure:
-    """Apply the shared look: transparent background, neutral ink, compact margins.
-
-    ``title`` and ``subtitle`` must already be escaped (:func:`plot_text`). A figure with
-    many legend entries puts its legend below the plot so it never covers the title.
-    """
-    t: dict[str, Any] = {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}}
+    """Apply the shared look (template ``playground``: transparent background, neutral ink,
+    compact margins) and a title. ``title``/``subtitle`` must already be escaped
+    (:func:`plot_text`). A figure with many legend entries puts its legend below the plot
+    so that it never covers the title."""
+    lay: dict[str, Any] = {"template": TEMPLATE, "title": {"text": title}}
     if subtitle:
-        t["subtitle"] = {"text": subtitle, "font": {"size": 11, "color": INK}}
-    legend = ({"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0.0,
-               "bgcolor": "rgba(0,0,0,0)"} if legend_below else
-              {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0,
-               "bgcolor": "rgba(0,0,0,0)"})
-    fig.update_layout(
-        title=t,
-        height=height,
-        margin={"l": 52, "r": 20, "t": 72 if subtitle else 56, "b": 96 if legend_below else 44},
-        paper_bgcolor="rgba(0,0,0,0)",
-        plot_bgcolor="rgba(128,128,128,0.05)",
-        font={"color": INK, "size": 12},
-        legend=legend,
-        hoverlabel={"font": {"size": 12}},
-        bargap=0.18,
-    )
-    fig.update_xaxes(gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
-    fig.update_yaxes(gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
-    if more:
-        fig.update_layout(**more)
+        lay["title"]["subtitle"] = {"text": subtitle, "font": {"size": 11, "color": INK}}
+        lay["margin"] = {"t": 72}
+    if legend_below:
+        lay["legend"] = {"yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0.0}
+        lay["margin"] = {**lay.get("margin", {}), "b": 96}
+    if height != HEIGHT:
+        lay["height"] = height
+    lay.update(more)
+    fig.update_layout(lay)
     return fig
 
 
 def empty_figure(note: str, title: str = "") -> go.Figure:
     """A blank figure that says why it is blank (no steps yet, wrong step kind, ...)."""
-    fig = go.Figure()
-    base_layout(fig, plot_text(title), height=HEIGHT)
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    fig.add_annotation(text=plot_text(note), x=0.5, y=0.5, xref="paper", yref="paper",
-                       showarrow=False, font={"size": 14, "color": INK})
-    return fig
+    return go.Figure(layout={
+        "template": TEMPLATE, "title": {"text": plot_text(title)},
+        "xaxis": {"visible": False}, "yaxis": {"visible": False},
+        "annotations": [{"text": plot_text(note), "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper",
+                         "showarrow": False, "font": {"size": 14, "color": INK}}],
+    })
 
 
 # ---------------------------------------------------------------------- token text

@@ -271,8 +271,7 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
                 legend_below=True,
                 yaxis={"title": "probability", "range": [0, 1.05]},
                 yaxis2={"title": "entropy (nats)", "overlaying": "y", "side": "right", "showgrid": False,
-                        "rangemode": "tozero"})
-    fig.update_layout(margin={"r": 56})
+                        "rangemode": "tozero", "tickformat": ".2~f"})
     return fig
 
 
@@ -298,11 +297,13 @@ def commits_per_step_figure(trace: dict[str, Any], step: int | None = None) -> g
     if any(down):
         fig.add_bar(x=xs, y=down, name="remasked", marker_color=REJECTED)
     fig.add_scatter(x=xs, y=filled, name="filled so far", mode="lines", yaxis="y2", line={"color": INK, "width": 2})
+    # Both axes share their zero line, so the filled count never seems to dip below it.
+    hi, lo = max(up + [1]) * 1.08, min(down + [0]) * 1.08
+    top = max(filled + [1]) * 1.05
     base_layout(fig, f"{title} · {len(steps)} steps", barmode="relative", xaxis_title="step",
-                yaxis={"title": "positions", "dtick": int_dtick(max(up + [-d for d in down]))},
+                yaxis={"title": "positions", "dtick": int_dtick(max(up + [-d for d in down])), "range": [lo, hi]},
                 yaxis2={"title": "filled", "overlaying": "y", "side": "right", "showgrid": False,
-                        "range": [0, max(filled + [1]) * 1.05], "dtick": int_dtick(max(filled + [1]), 6)})
-    fig.update_layout(margin={"r": 52})
+                        "range": [top * lo / hi, top], "dtick": int_dtick(max(filled + [1]), 6)})
     if step is not None and isinstance(step, int):
         fig.add_vline(x=step, line={"color": CHOSEN, "width": 1, "dash": "dot"})
     return fig

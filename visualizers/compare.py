@@ -43,6 +43,13 @@ def progress_points(trace: dict[str, Any]) -> list[tuple[int, float, int, int]]:
         tf = s.get("target_forwards") if isinstance(s.get("target_forwards"), int) else pts[-1][0]
         t = num(s.get("t"))
         pts.append((tf, t if t is not None else pts[-1][1], tokens, s.get("i") if isinstance(s.get("i"), int) else len(pts) - 1))
+    # A finished beam search commits its output only at the end (output_override): credit
+    # the final output to the last step so the lane does not look empty.
+    out = ints(trace.get("output_ids"))
+    done = trace.get("done", bool((trace.get("stats") or {}).get("finish_reason")))
+    if done and len(pts) > 1 and len(out) > pts[-1][2]:
+        tf, t, _, i = pts[-1]
+        pts[-1] = (tf, t, len(out), i)
     return pts
 
 
@@ -97,6 +104,11 @@ def lane_records(trace: dict[str, Any]) -> list[TokenRec]:
     return token_records(trace)
 
 
+def _oneline(s: str) -> str:
+    """Token text for a one-line table cell: newlines and tabs shown as marks."""
+    return s.replace("\r", "").replace("\n", "↵").replace("\t", "→")
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first position where two outputs differ, or None if they agree on their common length."""
     for k, (x, y) in enumerate(zip(a, b)):
@@ -124,6 +136,8 @@ def divergence_html(traces: list[dict[str, Any]]) -> str:
     if common is None:
         head = (f"All lanes agree on all {agree} tokens they share"
                 + (f": “…{shown}”" if shown else "") + ".")
+    elif agree == 0:
+        head = "The lanes differ from the first token on."
     else:
         head = f"All lanes agree on the first {agree} tokens" + (f" (“…{shown}”)" if shown else "") + \
             f"; they first diverge at position {agree}."
@@ -141,12 +155,12 @@ def divergence_html(traces: list[dict[str, Any]]) -> str:
             start = d
         cont = "".join(
             f'<span class="tok" data-lane="{lane}" data-step="{int(r.step)}" '
-            f'title="{html.escape(f"step {r.step}")}">{html.escape(r.text)}</span>'
+            f'title="{html.escape(f"step {r.step}")}">{html.escape(_oneline(r.text))}</span>'
             for r in rs[start:start + 12])
         rows.append(f'<tr data-lane="{lane}" data-diverge="{"" if d is None else d}">'
                     f'<td style="padding:2px 10px 2px 0;white-space:nowrap;color:{LANE_COLOURS[lane % len(LANE_COLOURS)]}">'
                     f'{html.escape(lane_name(tr, lane))}</td>'
                     f'<td style="padding:2px 10px 2px 0;opacity:0.8;white-space:nowrap">{html.escape(where)}</td>'
-                    f'<td style="white-space:pre-wrap">{cont or _DASH}</td></tr>')
+                    f'<td style="white-space:pre">{cont or _DASH}</td></tr>')
     body = f'<div>{html.escape(head)}</div><table style="border-collapse:collapse;margin-top:4px">{"".join(rows)}</table>'
     return wrap.format(first="" if common is None else common, body=body)

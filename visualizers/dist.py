@@ -165,7 +165,6 @@ def _token_timeline(trace: dict[str, Any], steps: list[dict[str, Any]]) -> go.Fi
                 yaxis={"title": "entropy (nats)", "rangemode": "tozero"},
                 yaxis2={"title": "probability", "overlaying": "y", "side": "right", "range": [0, 1.02],
                         "showgrid": False, "tickformat": ".1f", "dtick": 0.2})
-    fig.update_layout(margin={"r": 52})
     return fig
 
 
@@ -184,17 +183,17 @@ def _denoise_timeline(steps: list[dict[str, Any]]) -> go.Figure:
         ent.append(sum(es) / len(es) if es else None)
         n.append(len(pos))
     fig = go.Figure()
-    fig.add_bar(x=xs, y=n, name="positions committed", marker_color="rgba(128,128,128,0.35)", yaxis="y2")
     fig.add_scatter(x=xs, y=conf, name="mean confidence of commits", mode="lines+markers",
-                    line={"color": FINAL}, marker={"size": 4})
+                    line={"color": FINAL}, marker={"size": 4},
+                    hovertext=[f"step {x}: {k} committed<br>mean confidence {fmt(c)}<br>mean entropy {fmt(e, 2)} nats"
+                               for x, k, c, e in zip(xs, n, conf, ent)], hoverinfo="text")
     if any(e is not None for e in ent):
-        fig.add_scatter(x=xs, y=ent, name="mean entropy of commits (nats)", mode="lines",
-                        line={"color": ENTROPY, "dash": "dot"})
+        fig.add_scatter(x=xs, y=ent, name="mean entropy of commits (nats)", mode="lines", yaxis="y2",
+                        line={"color": ENTROPY, "dash": "dot"}, hoverinfo="skip")
     base_layout(fig, "Confidence of the committed positions", xaxis_title="step",
-                yaxis={"title": "confidence / entropy", "rangemode": "tozero"},
-                yaxis2={"title": "commits", "overlaying": "y", "side": "right", "showgrid": False,
-                        "rangemode": "tozero"})
-    fig.update_layout(margin={"r": 52})
+                yaxis={"title": "confidence", "range": [0, 1.02]},
+                yaxis2={"title": "entropy (nats)", "overlaying": "y", "side": "right", "showgrid": False,
+                        "rangemode": "tozero", "tickformat": ".2~f"})
     return fig
 
 

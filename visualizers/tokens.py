@@ -311,6 +311,6 @@ def stats_line(trace: dict[str, Any]) -> str:
         parts.append(f"finished: {reason}")
     if stats.get("error"):
         parts.append(f"error: {stats['error']}")
-    if trace.get("lossy"):
-        parts.append("lossy settings")
+    if trace.get("lossy") and acceptance_summary(trace) is not None:
+        parts.append("lossy acceptance")
     return html.escape(" · ".join(str(p) for p in parts))

@@ -188,6 +188,9 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
                     text=[committed_before or "context"], textposition="middle left",
                     hovertext=[f"context (output so far ends with “{committed_before}”)"],
                     hoverinfo="text", showlegend=False)
+    rows_used = max((r for _, r in pos.values()), default=0) + 1
+    # Dense trees: labels beside the nodes, where they have the row's height to themselves.
+    text_pos = "top center" if rows_used <= 8 else "middle right"
     for st in ("accepted", "rejected", "never reached"):
         group = [n for n in nodes if status[n["id"]] == st]
         if not group:
@@ -197,7 +200,7 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
             mode="markers+text", name=st,
             marker={"size": 15, "color": STATUS_COLOUR[st], "line": {"width": 1, "color": "rgba(0,0,0,0.35)"},
                     "symbol": [SOURCE_SYMBOL.get(str(n.get("source")), "circle") for n in group]},
-            text=[label(trace, n.get("token")) for n in group], textposition="top center",
+            text=[label(trace, n.get("token")) for n in group], textposition=text_pos,
             customdata=[str(n["id"]) for n in group],
             hovertext=[_node_hover(trace, n, st, pos[n["id"]][0]) for n in group], hoverinfo="text",
         )
@@ -210,7 +213,7 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
         fig.add_scatter(
             x=[pos[CORR][0]], y=[pos[CORR][1]], mode="markers+text", name=what,
             marker={"symbol": "diamond", "size": 17, "color": colour, "line": {"width": 1, "color": "rgba(0,0,0,0.35)"}},
-            text=[label(trace, correction)], textposition="top center",
+            text=[label(trace, correction)], textposition=text_pos,
             hovertext=[f"<b>{tx}</b> (#{correction})<br>{plot_text(what)} token<br>{plot_text(why)}"],
             hoverinfo="text",
         )
@@ -312,7 +315,6 @@ def acceptance_timeline(trace: dict[str, Any], step: int | None = None) -> go.Fi
                 yaxis={"title": "tokens", "rangemode": "tozero", "dtick": int_dtick(max(a + c + b for a, c, b in zip(acc, corr, bonus)))},
                 yaxis2={"title": "acceptance rate", "overlaying": "y", "side": "right", "range": [0, 1.05],
                         "showgrid": False, "tickformat": ".0%"})
-    fig.update_layout(margin={"r": 56})
     if step is not None and isinstance(step, int):
         fig.add_vline(x=step, line={"color": INK, "width": 1, "dash": "dot"})
     return fig
