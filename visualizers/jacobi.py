@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    ACCEPTED, CORRECTION, INK, base_layout, empty_figure, ints, label, pick_step, plot_text,
+    ACCEPTED, CORRECTION, INK, at, base_layout, empty_figure, ints, label, pick_step, plot_text,
     steps_of, token_text, visible, wrong_kind,
 )
 
@@ -59,8 +59,11 @@ def jacobi_grid_figure(trace: dict[str, Any], step: int) -> go.Figure:
     for r in rows:
         st, start = r["step"], r["start"]
         guess = ints(st.get("guess"))
-        conv = st.get("converged")
+        # ``fixed``: guesses the pass confirmed; ``converged`` also counts the one new
+        # prediction committed after them, whose guess was wrong, so prefer ``fixed``.
+        conv = st.get("fixed", st.get("converged"))
         conv = conv if isinstance(conv, int) and not isinstance(conv, bool) else 0
+        new = ints(st.get("new"))
         zr, tr, hr = [], [], []
         for j in range(width):
             if j >= len(guess):
@@ -75,8 +78,11 @@ def jacobi_grid_figure(trace: dict[str, Any], step: int) -> go.Figure:
                 cat, what = 2, "unchanged" if absolute in prev else "new guess"
             zr.append(cat)
             tr.append(label(trace, tok, 8))
+            pred = at(new, j)
+            nxt = (f"<br>this pass predicts {plot_text(visible(token_text(trace, pred)))} (#{pred})"
+                   if pred is not None else "")
             hr.append(f"iteration at step {st.get('i')} · window position {j} (output position {absolute})"
-                      f"<br><b>{plot_text(visible(token_text(trace, tok)))}</b> (#{tok}) · {what}")
+                      f"<br>guess <b>{plot_text(visible(token_text(trace, tok)))}</b> (#{tok}) · {what}{nxt}")
         prev = {start + j: t for j, t in enumerate(guess)}
         z.append(zr), text.append(tr), hover.append(hr), ys.append(f"step {st.get('i')}")
     fig = go.Figure()
@@ -84,7 +90,7 @@ def jacobi_grid_figure(trace: dict[str, Any], step: int) -> go.Figure:
                     hoverinfo="text", zmin=0, zmax=2, colorscale=_SCALE, showscale=False, xgap=2, ygap=2,
                     name="guesses", textfont={"size": 11})
     last = s.get("converged")
-    sub = f" · converged prefix {last}" if isinstance(last, int) else ""
+    sub = f" · {last} committed this pass" if isinstance(last, int) else ""
     base_layout(fig, f"{title} · step {i}{sub}", xaxis={"title": "window position", "dtick": 1},
                 yaxis={"title": "iteration", "autorange": "reversed"})
     fig.add_annotation(text="green converged · orange changed since the last iteration · grey unchanged",

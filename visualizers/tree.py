@@ -21,8 +21,19 @@ from visualizers._common import (
 
 STATUS_COLOUR = {"accepted": ACCEPTED, "rejected": REJECTED, "never reached": UNREACHED}
 SOURCE_SYMBOL = {"draft-model": "circle", "draft": "circle", "ngram": "square", "lookup": "square",
-                 "prompt-lookup": "square", "jacobi": "triangle-up", "lookahead": "triangle-up",
-                 "mask-probe": "hexagon", "layer-skip": "pentagon"}
+                 "ngram-pool": "square", "prompt-lookup": "square", "jacobi": "triangle-up",
+                 "lookahead": "triangle-up", "mask-probe": "hexagon", "layer": "pentagon",
+                 "recycle": "triangle-down"}
+SYMBOL_GLYPH = {"circle": "●", "square": "■", "triangle-up": "▲", "hexagon": "⬢", "pentagon": "⬟",
+                "triangle-down": "▼"}
+
+
+def source_symbol(source: Any) -> str:
+    """Marker symbol of a draft source (``layer-7`` counts as ``layer``)."""
+    src = str(source or "")
+    return SOURCE_SYMBOL.get(src) or SOURCE_SYMBOL.get(src.split("-")[0], "circle")
+
+
 ROOT = "__root__"
 
 
@@ -199,7 +210,7 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
             x=[pos[n["id"]][0] for n in group], y=[pos[n["id"]][1] for n in group],
             mode="markers+text", name=st,
             marker={"size": 15, "color": STATUS_COLOUR[st], "line": {"width": 1, "color": "rgba(0,0,0,0.35)"},
-                    "symbol": [SOURCE_SYMBOL.get(str(n.get("source")), "circle") for n in group]},
+                    "symbol": [source_symbol(n.get("source")) for n in group]},
             text=[label(trace, n.get("token")) for n in group], textposition=text_pos,
             customdata=[str(n["id"]) for n in group],
             hovertext=[_node_hover(trace, n, st, pos[n["id"]][0]) for n in group], hoverinfo="text",
@@ -226,7 +237,8 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
                        "zeroline": False},
                 yaxis={"visible": False, "autorange": "reversed", "range": [rows + 0.6, -0.6]})
     if sources:
-        fig.add_annotation(text=plot_text("source: " + ", ".join(sources)), xref="paper", yref="paper",
+        fig.add_annotation(text=plot_text("source: " + ", ".join(
+                               f"{SYMBOL_GLYPH.get(source_symbol(x), '●')} {x}" for x in sources)), xref="paper", yref="paper",
                            x=0.0, y=0.0, xanchor="left", yanchor="bottom", showarrow=False,
                            font={"size": 11, "color": INK})
     return fig
