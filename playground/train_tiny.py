@@ -1,0 +1,498 @@
+"""Train the bundled tiny models (`playground train-tiny`).
+
+One file, read top to bottom (nanoGPT spirit):
+
+  1. corpus   -- Shakespeare's complete works (assets/corpus/), split into train / validation
+                 by the fixed rule in assets/corpus/split.json (last 5% of every work held out);
+  2. tokenizer -- byte-level BPE (the `tokenizers` library), vocabulary 4,096, special tokens
+                 <|endoftext|> (eos, also bos), <|mask|> and <|pad|>, saved as a HF fast tokenizer;
+  3. target   -- `tiny-shakespeare`, a Llama-style causal LM (LlamaForCausalLM);
+  4. draft    -- `tiny-shakespeare-draft`, a ~7x smaller Llama, distilled from the target's logits;
+  5. diffusion -- `tiny-shakespeare-diffusion`, a bidirectional BertForMaskedLM trained with the
+                 MDLM / LLaDA masked-diffusion objective.
+
+Every model stage checkpoints to --ckpt-dir and can be resumed with --resume; after training it
+writes a Hugging Face model directory (config with "playground_kind", model.safetensors, the shared
+tokenizer files) and a model card + eval.json computed by playground.tiny_eval.
+
+    python -m playground.train_tiny --threads 2                 # everything, into assets/models
+    python -m playground.train_tiny --only draft --resume       # continue the draft from its checkpoint
+    python -m playground.train_tiny --smoke --out /tmp/tiny     # seconds; what the tests run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+# On a shared, oversubscribed CPU, OpenMP threads that busy-wait make training up to ~10x slower;
+# passive waiting costs little on an idle machine. (Takes effect only if torch is not loaded yet.)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS_DIR = ROOT / "assets" / "corpus"
+DEFAULT_OUT = "assets/models"
+DEFAULT_CKPT = "runs/train-tiny"
+
+EOS, MASK, PAD = "<|endoftext|>", "<|mask|>", "<|pad|>"
+SPECIAL_TOKENS = [EOS, MASK, PAD]  # ids 0, 1, 2
+STAGES = ("tokenizer", "target", "draft", "diffusion")
+NAMES = {
+    "target": "tiny-shakespeare",
+    "draft": "tiny-shakespeare-draft",
+    "diffusion": "tiny-shakespeare-diffusion",
+}
+KINDS = {"target": "causal", "draft": "causal", "diffusion": "diffusion"}
+
+# ----------------------------------------------------------------------------------------------
+# Recipes. `arch` goes into the transformers config; the rest drives the training loop.
+# Sizes were chosen from measured throughput on a shared 2-core CPU (about 2-3k tokens/s for
+# the target with bf16 autocast) so that all three models train in about 45 minutes.
+
+RECIPES = {
+    "tokenizer": dict(vocab_size=4096),
+    "target": dict(
+        arch=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                  num_attention_heads=3, num_key_value_heads=3),
+        steps=800, batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup=40,
+        weight_decay=0.1,
+    ),
+    "draft": dict(
+        arch=dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=2),
+        steps=500, batch_size=8, seq_len=256, lr=3e-3, min_lr=3e-4, warmup=40,
+        weight_decay=0.1,
+        distill=0.5,  # loss = (1-a) * CE(data) + a * KL(target || draft); 0 = no distillation
+    ),
+    "diffusion": dict(
+        arch=dict(hidden_size=192, intermediate_size=768, num_hidden_layers=4,
+                  num_attention_heads=3),
+        steps=1000, batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup=40,
+        weight_decay=0.1,
+        eps=1e-3,           # t ~ U(eps, 1)
+        prefix_share=0.25,  # share of sequences trained as "clean prefix, masked suffix" (LLaDA SFT)
+    ),
+}
+
+# --smoke: the same code path at toy sizes, on a slice of the corpus; runs in seconds.
+SMOKE = {
+    "tokenizer": dict(vocab_size=512),
+    "target": dict(arch=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=2),
+                   steps=4, batch_size=4, seq_len=64, warmup=1),
+    "draft": dict(arch=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                            num_attention_heads=1, num_key_value_heads=1),
+                  steps=4, batch_size=4, seq_len=64, warmup=1),
+    "diffusion": dict(arch=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                num_attention_heads=2),
+                      steps=4, batch_size=4, seq_len=64, warmup=1),
+}
+SMOKE_CORPUS_CHARS = 60_000  # per split, taken from the first works
+MAX_POSITIONS = 512
+
+
+def recipe(stage: str, smoke: bool) -> dict:
+    r = json.loads(json.dumps(RECIPES[stage]))
+    if smoke:
+        for k, v in SMOKE[stage].items():
+            r[k] = v
+    return r
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Corpus
+
+
+def load_corpus(corpus_dir: Path = CORPUS_DIR, smoke: bool = False) -> tuple[list[str], list[str]]:
+    """Return (train_docs, val_docs): one string per work, following split.json."""
+    spec = json.loads((corpus_dir / "split.json").read_text())
+    with gzip.open(corpus_dir / spec["corpus"], "rb") as f:
+        text = f.read().decode("utf-8")
+    assert len(text) == spec["corpus_chars"], "corpus does not match split.json"
+    train = [text[w["start"]:w["val_start"]] for w in spec["works"]]
+    val = [text[w["val_start"]:w["end"]] for w in spec["works"]]
+    if smoke:
+        train, val = _head(train, SMOKE_CORPUS_CHARS), _head(val, SMOKE_CORPUS_CHARS // 4)
+    return train, val
+
+
+def _head(docs: list[str], n: int) -> list[str]:
+    out = []
+    for d in docs:
+        if n <= 0:
+            break
+        out.append(d[:n])
+        n -= len(out[-1])
+    return out
+
+
+def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
+    """One token stream: <|endoftext|> work1 <|endoftext|> work2 ..."""
+    ids = []
+    for d in docs:
+        ids.append(tokenizer.eos_token_id)
+        ids.extend(tokenizer(d, add_special_tokens=False)["input_ids"])
+    return np.array(ids, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Tokenizer
+
+
+def train_tokenizer(train_docs: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # Byte-level: every string is representable, decode(encode(s)) == s, no prefix space added.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(train_docs, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=PAD, mask_token=MASK,
+        clean_up_tokenization_spaces=False, model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def load_tokenizer(out: Path):
+    from transformers import AutoTokenizer
+
+    path = out / NAMES["target"]
+    if not (path / "tokenizer.json").exists():
+        raise SystemExit(f"no tokenizer in {path}: run with --only tokenizer first")
+    return AutoTokenizer.from_pretrained(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3-5. Models
+
+
+def build_model(stage: str, arch: dict, tokenizer):
+    from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
+
+    ids = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    if stage in ("target", "draft"):
+        config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS,
+                             tie_word_embeddings=True, **ids, **arch)
+        model = LlamaForCausalLM(config)
+    else:
+        config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS,
+                            type_vocab_size=2, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0, **ids, **arch)
+        model = BertForMaskedLM(config)
+    model.config.playground_kind = KINDS[stage]
+    return model
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator):
+    ix = torch.randint(len(data) - seq_len - 1, (batch_size,), generator=gen)
+    return torch.stack([data[i:i + seq_len + 1] for i in ix.tolist()])  # (B, T+1)
+
+
+def causal_loss(model, batch, teacher=None, distill=0.0):
+    x, y = batch[:, :-1], batch[:, 1:]
+    logits = model(input_ids=x).logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+    if teacher is not None and distill > 0:
+        with torch.no_grad():
+            t_logp = F.log_softmax(teacher(input_ids=x).logits.float(), dim=-1)
+        kl = F.kl_div(F.log_softmax(logits, dim=-1), t_logp, log_target=True, reduction="none")
+        loss = (1 - distill) * loss + distill * kl.sum(-1).mean()
+    return loss
+
+
+def diffusion_loss(model, batch, mask_id: int, gen: torch.Generator, eps=1e-3, prefix_share=0.0):
+    """MDLM / LLaDA: per sequence t ~ U(eps, 1); mask each token with probability t;
+    cross-entropy on the masked positions weighted 1/t, averaged over all maskable positions.
+    A share of sequences keeps a clean prefix of random length and masks only the suffix,
+    which is how the diffusion decoders use the model (prompt, then masks)."""
+    x0 = batch[:, :-1]
+    B, T = x0.shape
+    # low-discrepancy t (as in MDLM): one uniform offset, B evenly spaced points
+    u = (torch.rand(1, generator=gen) + torch.arange(B) / B) % 1.0
+    t = eps + (1 - eps) * u[torch.randperm(B, generator=gen)]
+    maskable = torch.ones(B, T, dtype=torch.bool)
+    prefix_rows = torch.rand(B, generator=gen) < prefix_share
+    prefix_len = torch.randint(1, T - T // 8, (B,), generator=gen)
+    maskable &= ~(prefix_rows[:, None] & (torch.arange(T)[None, :] < prefix_len[:, None]))
+    masked = (torch.rand(B, T, generator=gen) < t[:, None]) & maskable
+    xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
+    hidden = model.bert(input_ids=xt).last_hidden_state
+    logits = model.cls(hidden[masked]).float()  # LM head only where needed
+    ce = F.cross_entropy(logits, x0[masked], reduction="none")
+    weights = (1.0 / t)[:, None].expand(B, T)[masked]
+    return (ce * weights).sum() / maskable.sum()
+
+
+def lr_at(step: int, r: dict) -> float:
+    if step < r["warmup"]:
+        return r["lr"] * (step + 1) / r["warmup"]
+    frac = (step - r["warmup"]) / max(1, r["steps"] - r["warmup"])
+    return r["min_lr"] + 0.5 * (r["lr"] - r["min_lr"]) * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+class Progress:
+    """tqdm bar on a terminal, a plain line every `every` steps in a log file."""
+
+    def __init__(self, name: str, total: int, start: int, every: int = 25):
+        self.tty, self.every, self.name = sys.stderr.isatty(), every, name
+        self.bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc=name, dynamic_ncols=True)
+        self.total = total
+
+    def update(self, step: int, loss: float, tok_s: float, lr: float):
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}", lr=f"{lr:.1e}")
+        elif step % self.every == 0 or step == self.total:
+            print(f"[{self.name}] step {step}/{self.total} loss {loss:.4f} "
+                  f"{tok_s:.0f} tok/s lr {lr:.2e}", flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: Path,
+                mask_id: int | None = None, teacher=None) -> dict:
+    """The training loop shared by the three models. Returns training facts for the card."""
+    gen = torch.Generator().manual_seed(args.seed + STAGES.index(stage))
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": r["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=r["lr"], betas=(0.9, 0.95))
+    step, tokens_seen, elapsed = 0, 0, 0.0
+    ckpt = ckpt_dir / stage / "ckpt.pt"
+    if args.resume and ckpt.exists():
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        gen.set_state(state["gen"])
+        step, tokens_seen, elapsed = state["step"], state["tokens_seen"], state["elapsed"]
+        print(f"[{stage}] resumed from {ckpt} at step {step}", flush=True)
+
+    def save_ckpt():
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save(dict(model=model.state_dict(), optim=opt.state_dict(), gen=gen.get_state(),
+                        step=step, tokens_seen=tokens_seen, elapsed=elapsed, recipe=r), tmp)
+        os.replace(tmp, ckpt)
+
+    amp = args.bf16
+    model.train()
+    bar = Progress(stage, r["steps"], step)
+    t_last = time.time()
+    while step < r["steps"]:
+        lr = lr_at(step, r)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        batch = get_batch(data, r["batch_size"], r["seq_len"], gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            if stage == "diffusion":
+                loss = diffusion_loss(model, batch, mask_id, gen, r["eps"], r["prefix_share"])
+            else:
+                loss = causal_loss(model, batch, teacher, r.get("distill", 0.0))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens_seen += r["batch_size"] * r["seq_len"]
+        now = time.time()
+        dt, t_last = now - t_last, now
+        elapsed += dt
+        bar.update(step, loss.item(), r["batch_size"] * r["seq_len"] / max(dt, 1e-9), lr)
+        if step % args.ckpt_every == 0 or step == r["steps"]:
+            save_ckpt()
+    bar.close()
+    model.eval()
+    return dict(steps=step, batch_size=r["batch_size"], seq_len=r["seq_len"],
+                tokens_seen=tokens_seen, train_seconds=round(elapsed, 1), lr=r["lr"],
+                min_lr=r["min_lr"], warmup=r["warmup"], weight_decay=r["weight_decay"],
+                bf16_autocast=bool(amp))
+
+
+def save_model(stage: str, model, tokenizer, out: Path) -> Path:
+    path = out / NAMES[stage]
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    for p in (tmp, old):
+        shutil.rmtree(p, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if stage == "diffusion":
+        # token_type_ids are harmless: both rows of the type embedding are the trained row 0
+        with torch.no_grad():
+            emb = model.bert.embeddings.token_type_embeddings.weight
+            emb[1:] = emb[0]
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    # swap the finished directory in (others may be loading the previous one meanwhile)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver
+
+
+def hardware(threads: int) -> str:
+    name = platform.processor() or "CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{threads}-core CPU ({name}), torch {torch.__version__}"
+
+
+def parse_only(values) -> list[str]:
+    if not values:
+        return list(STAGES)
+    chosen = set()
+    for v in values:
+        for s in v.split(","):
+            s = s.strip()
+            if s not in STAGES:
+                raise SystemExit(f"--only: unknown stage {s!r} (choose from {', '.join(STAGES)})")
+            chosen.add(s)
+    return [s for s in STAGES if s in chosen]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="where the model directories are written (default: %(default)s)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="toy sizes on a slice of the corpus: a few steps each, seconds")
+    parser.add_argument("--only", action="append", metavar="STAGE",
+                        help="tokenizer, target, draft, diffusion (repeatable or comma list)")
+    parser.add_argument("--steps", type=int, help="override the number of steps of each model")
+    parser.add_argument("--ckpt-dir", help=f"checkpoint directory (default: {DEFAULT_CKPT}; "
+                        "with --smoke: OUT/_checkpoints)")
+    parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
+                        help="resume from the checkpoints in --ckpt-dir (or in DIR)")
+    parser.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints")
+    parser.add_argument("--distill", type=float,
+                        help="draft: weight of KL(target || draft) in the loss (default 0.5)")
+    parser.add_argument("--prefix-share", type=float,
+                        help="diffusion: share of clean-prefix / masked-suffix sequences "
+                             "(default 0.25)")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--no-bf16", dest="bf16", action="store_false",
+                        help="train in plain fp32 (default: bf16 autocast where the CPU has it)")
+    parser.add_argument("--no-eval", dest="eval", action="store_false",
+                        help="skip the validation figures / model card")
+    parser.set_defaults(bf16=None, eval=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from playground import tiny_eval
+
+    hf_logging.disable_progress_bar()
+
+    stages = parse_only(args.only)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if isinstance(args.resume, str):
+        args.ckpt_dir = args.resume
+    ckpt_dir = Path(args.ckpt_dir or (out / "_checkpoints" if args.smoke else DEFAULT_CKPT))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    if args.bf16 is None:
+        args.bf16 = bool(torch.cpu._is_avx512_bf16_supported()) and not args.smoke
+    torch.manual_seed(args.seed)
+
+    t0 = time.time()
+    train_docs, val_docs = load_corpus(smoke=args.smoke)
+    if "tokenizer" in stages:
+        tokenizer = train_tokenizer(train_docs, recipe("tokenizer", args.smoke)["vocab_size"])
+        for name in NAMES.values():
+            tokenizer.save_pretrained(out / name)
+        print(f"[tokenizer] vocab {len(tokenizer)} saved to {out}/*/ ({time.time() - t0:.1f}s)",
+              flush=True)
+    else:
+        tokenizer = load_tokenizer(out)
+    train_ids = torch.from_numpy(encode_docs(tokenizer, train_docs))
+    val_ids = torch.from_numpy(encode_docs(tokenizer, val_docs))
+    print(f"[data] train {len(train_ids):,} tokens, validation {len(val_ids):,} tokens", flush=True)
+    eval_windows = tiny_eval.SMOKE_WINDOWS if args.smoke else tiny_eval.CARD_WINDOWS
+
+    for stage in stages[stages.index("tokenizer") + 1 if "tokenizer" in stages else 0:]:
+        r = recipe(stage, args.smoke)
+        if args.steps:
+            r["steps"] = args.steps
+            r["warmup"] = min(r["warmup"], max(1, args.steps // 10))
+        if stage == "draft" and args.distill is not None:
+            r["distill"] = args.distill
+        if stage == "diffusion" and args.prefix_share is not None:
+            r["prefix_share"] = args.prefix_share
+        torch.manual_seed(args.seed + STAGES.index(stage))  # deterministic init
+        model = build_model(stage, r["arch"], tokenizer)
+        teacher = None
+        if stage == "draft" and r.get("distill", 0) > 0:
+            teacher = tiny_eval.load(out / NAMES["target"], "causal")
+        print(f"[{stage}] {NAMES[stage]}: {n_params(model):,} parameters"
+              + (", distilled from the target" if teacher is not None else ""), flush=True)
+        facts = train_model(stage, model, train_ids, r, args, ckpt_dir,
+                            mask_id=tokenizer.mask_token_id, teacher=teacher)
+        facts.update(parameters=n_params(model), hardware=hardware(threads), seed=args.seed,
+                     architecture=type(model).__name__, arch=r["arch"],
+                     train_tokens_available=len(train_ids), smoke=bool(args.smoke))
+        if stage == "draft":
+            facts["distill"] = r["distill"] if teacher is not None else 0.0
+            if (out / NAMES["target"] / "config.json").exists():
+                target = teacher or tiny_eval.load(out / NAMES["target"], "causal")
+                facts["size_ratio"] = round(n_params(target) / n_params(model), 1)
+        if stage == "diffusion":
+            facts.update(eps=r["eps"], prefix_share=r["prefix_share"])
+        path = save_model(stage, model, tokenizer, out)
+        print(f"[{stage}] saved {path} ({facts['train_seconds']:.0f}s training)", flush=True)
+        if args.eval:
+            figures = tiny_eval.evaluate(stage, out, val_ids, train_ids, facts,
+                                         n_windows=eval_windows)
+            print(f"[{stage}] {json.dumps(figures['figures'])}", flush=True)
+    print(f"[done] {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m playground.train_tiny",
+                                     description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

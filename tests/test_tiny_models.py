@@ -1,0 +1,173 @@
+"""The bundled tiny models (assets/models/) and the training module that makes them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+from playground import tiny_eval, train_tiny
+
+MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
+CAUSAL = ["tiny-shakespeare", "tiny-shakespeare-draft"]
+ALL = CAUSAL + ["tiny-shakespeare-diffusion"]
+TEXTS = [
+    "ROMEO: Ô café — naïve 日本",
+    "  two leading spaces,\ttabs\n\nand a trailing space ",
+    "HAMLET.\nTo be, or not to be, that is the question:",
+    "emoji 🎭 and <|mask|> and <|endoftext|> inside",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {name: AutoTokenizer.from_pretrained(MODELS / name) for name in ALL}
+
+
+def test_bundled_files_and_size():
+    total = 0
+    for name in ALL:
+        d = MODELS / name
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "README.md", "eval.json"):
+            assert (d / f).is_file(), f"{name}/{f} missing"
+        total += sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+    assert total <= 40 * 1024 * 1024, f"bundled models take {total / 2**20:.1f} MB"
+
+
+def test_share_one_tokenizer(tokenizers):
+    texts = {(MODELS / n / "tokenizer.json").read_text() for n in ALL}
+    assert len(texts) == 1, "the three models must ship the same tokenizer.json"
+    vocabs = [t.get_vocab() for t in tokenizers.values()]
+    assert all(v == vocabs[0] for v in vocabs)
+    for tok in tokenizers.values():
+        assert len(tok) == 4096
+        assert (tok.eos_token, tok.mask_token, tok.pad_token) == ("<|endoftext|>", "<|mask|>",
+                                                                  "<|pad|>")
+        assert (tok.eos_token_id, tok.mask_token_id, tok.pad_token_id) == (0, 1, 2)
+        assert tok("ROMEO.")["input_ids"] == tok("ROMEO.", add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenizer_round_trips(tokenizers, text):
+    tok = tokenizers["tiny-shakespeare"]
+    ids = tok(text)["input_ids"]
+    assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_causal_models_load_offline_and_generate(tokenizers, name):
+    model = AutoModelForCausalLM.from_pretrained(MODELS / name).eval()
+    assert model.config.playground_kind == "causal"
+    assert model.config.max_position_embeddings >= 512
+    tok = tokenizers[name]
+    ids = torch.tensor([tok("ROMEO.\n")["input_ids"]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                         do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape == (1, ids.shape[1] + 6)
+    assert isinstance(tok.decode(out[0, ids.shape[1]:]), str)
+
+
+def test_draft_is_five_to_ten_times_smaller():
+    sizes = [train_tiny.n_params(AutoModelForCausalLM.from_pretrained(MODELS / n)) for n in CAUSAL]
+    assert 5 <= sizes[0] / sizes[1] <= 10
+
+
+def test_diffusion_model_loads_offline_and_unmasks(tokenizers):
+    name = "tiny-shakespeare-diffusion"
+    model = AutoModelForMaskedLM.from_pretrained(MODELS / name).eval()
+    tok = tokenizers[name]
+    assert model.config.playground_kind == "diffusion"
+    assert model.config.max_position_embeddings >= 512
+    assert tok.mask_token == "<|mask|>" and tok.mask_token_id == 1
+    ids = torch.tensor([tok("HAMLET.\n")["input_ids"] + [tok.mask_token_id] * 8])
+    with torch.no_grad():
+        a = model(input_ids=ids).logits
+        b = model(input_ids=ids, token_type_ids=torch.ones_like(ids)).logits
+    assert a.shape == (1, ids.shape[1], len(tok))
+    assert torch.allclose(a, b), "token_type_ids must not change the output"
+    text = tiny_eval.diffusion_generate(model, tok, "HAMLET.\n", n_new=4)
+    assert isinstance(text, str) and "<|mask|>" not in text
+
+
+def test_models_load_by_name_through_the_playground():
+    from playground.models import load_model
+
+    for name in ALL:
+        handle = load_model(name, device="cpu")
+        assert handle.kind == ("diffusion" if "diffusion" in name else "causal")
+        assert handle.vocab_size == 4096
+        logits = handle.forward(handle.encode("JULIET.\n")).logits
+        assert logits.shape[-1] == 4096
+    assert load_model("tiny-shakespeare-diffusion", device="cpu").mask_token_id == 1
+
+
+def test_train_tiny_smoke_end_to_end(tmp_path):
+    """`train-tiny --smoke` writes three loadable model directories, then resumes."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    train_tiny.add_arguments(parser)
+    assert train_tiny.run(parser.parse_args(["--smoke", "--out", str(tmp_path)])) == 0
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tiny-shakespeare-diffusion")
+    for name in ALL:
+        d = tmp_path / name
+        assert json.loads((d / "eval.json").read_text())["figures"]
+        assert (d / "README.md").read_text().startswith("---")
+        assert (d / "tokenizer.json").read_text() == (
+            tmp_path / "tiny-shakespeare" / "tokenizer.json").read_text()
+    causal = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny-shakespeare")
+    ids = torch.tensor([tok("ROMEO.\n")["input_ids"]])
+    assert causal.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                           do_sample=False).shape[1] == ids.shape[1] + 3
+    masked = AutoModelForMaskedLM.from_pretrained(tmp_path / "tiny-shakespeare-diffusion")
+    assert masked.config.playground_kind == "diffusion"
+    assert tok.decode(tok(TEXTS[0])["input_ids"]) == TEXTS[0]
+
+    # resume: the checkpoint of the 4-step run continues to 6 steps
+    args = parser.parse_args(["--smoke", "--out", str(tmp_path), "--only", "target",
+                              "--steps", "6", "--resume", "--no-eval"])
+    assert train_tiny.run(args) == 0
+    state = torch.load(tmp_path / "_checkpoints" / "target" / "ckpt.pt", weights_only=False)
+    assert state["step"] == 6 and state["tokens_seen"] == 6 * 4 * 64
+
+
+def test_only_parsing():
+    assert train_tiny.parse_only(None) == list(train_tiny.STAGES)
+    assert train_tiny.parse_only(["draft,target", "diffusion"]) == ["target", "draft",
+                                                                     "diffusion"]
+    with pytest.raises(SystemExit):
+        train_tiny.parse_only(["nope"])
+
+
+# ------------------------------------------------------------------- the model-card figures
+
+@pytest.fixture(scope="module")
+def corpus(tokenizers):
+    return tiny_eval.corpus_ids(tokenizers["tiny-shakespeare"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["target", "draft", "diffusion"])
+def test_model_card_figures_reproduce(corpus, stage):
+    train_ids, val_ids = corpus
+    saved = json.loads((MODELS / train_tiny.NAMES[stage] / "eval.json").read_text())
+    again = tiny_eval.compute_figures(stage, MODELS, val_ids, train_ids,
+                                      saved["sample"]["windows"], saved["sample"]["seq_len"])
+    assert again["sample"]["tokens"] == saved["sample"]["tokens"]
+    for key, value in saved["figures"].items():
+        assert again["figures"][key] == pytest.approx(value, rel=0.01, abs=0.005), key
+    f = saved["figures"]
+    if stage == "draft":
+        assert f["agreement_top1"] >= 0.5
+        assert f["target_val_perplexity"] < 0.9 * f["val_perplexity"]
+    if stage == "diffusion":
+        for r in (15, 50, 90):
+            assert f[f"masked_acc_{r}"] > f[f"unigram_acc_{r}"] + 0.05
