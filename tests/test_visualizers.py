@@ -288,6 +288,13 @@ def test_tokens_html_escapes_and_every_span_has_step():
     assert all("<script>" not in f.to_json() for f in plots)
 
 
+def test_newline_tokens_stay_visible():
+    tr = trace([token_step(5), token_step(6)], tokens={5: "\n", 6: "a"})
+    out = V.tokens_html(tr, "probability")
+    first = re.search(r'<span class="tok"[^>]*>(.*?)</span>\n?</span>', out, re.S)
+    assert "↵" in out and first is not None and "\n" in out
+
+
 def test_tokens_html_steps_colours_and_upto():
     tr = _tree_trace()
     out = V.tokens_html(tr, "acceptance")

@@ -122,6 +122,15 @@ def plot_text(s: Any) -> str:
     return html.escape(str(s), quote=False)
 
 
+NEWLINE_MARK = '<span class="nl" style="opacity:0.45">↵</span>\n'
+
+
+def html_token(s: str) -> str:
+    """A token's text for HTML: escaped, with each newline shown as a faint ↵ before the
+    break, so a newline token has something to colour and to click."""
+    return html.escape(s.replace("\r", "")).replace("\n", NEWLINE_MARK)
+
+
 def label(trace: dict[str, Any], token_id: Any, limit: int = 14) -> str:
     """A short, escaped, whitespace-visible label of a token for a plot."""
     s = visible(token_text(trace, token_id))

@@ -17,7 +17,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    ACCEPTED, CHOSEN, ENTROPY, FINAL, INK, MASK, REJECTED, at, base_layout, empty_figure, fmt,
+    ACCEPTED, CHOSEN, ENTROPY, FINAL, INK, MASK, REJECTED, at, base_layout, empty_figure, fmt, html_token,
     int_dtick, ints, num, pick_step, plot_text, steps_of, token_text, visible, wrong_kind,
 )
 
@@ -129,7 +129,7 @@ def canvas_html(trace: dict[str, Any], step: int) -> str:
                 f"{fmt(at(s.get('confidence'), p))})" if isinstance(pred, int) else "")
             data_step = i
         else:
-            text = html.escape(token_text(trace, tok))
+            text = html_token(token_text(trace, tok))
             data_step = st.step.get(p, i)
             title = (f"position {p}: {visible(token_text(trace, tok))} (#{tok}) · committed at step {data_step}"
                      f" · confidence {fmt(st.confidence.get(p))}")

@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    CHOSEN, ENTROPY, FINAL, INK, RAW, at, base_layout, empty_figure, fmt, int_dtick, ints, label, num,
+    CHOSEN, ENTROPY, FINAL, RAW, at, base_layout, empty_figure, fmt, int_dtick, ints, label, num,
     pick_step, plot_text, steps_of, token_text, visible, wrong_kind,
 )
 

@@ -12,7 +12,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from visualizers._common import at, ints, num, steps_of, token_text, visible
+from visualizers._common import html_token, ints, num, steps_of, token_text, visible
 from visualizers.canvas import commit_state, canvas_of, denoise_steps, is_masked, mask_id_of, MASK_GLYPH
 from visualizers.dist import chosen_probs
 from visualizers.tree import accepted_ids, tree_nodes
@@ -225,9 +225,10 @@ def tokens_html(trace: dict[str, Any], metric: str, lane: int = 0, upto_step: in
             cls += " cur"
             style.append("outline:1.5px solid #f5a524")
         style.append("border-radius:3px;cursor:pointer")
+        text = html.escape(r.text) if r.masked else html_token(r.text)
         parts.append(f'<span class="{cls}" data-lane="{lane_s}" data-step="{int(r.step)}" '
                      f'title="{html.escape(_title(r, diffusion))}" style="{";".join(style)}">'
-                     f'{html.escape(r.text)}</span>')
+                     f'{text}</span>')
     return wrap + "".join(parts) + "</div>"
 
 
