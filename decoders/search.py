@@ -329,6 +329,79 @@ def arithmetic_codes(n: int, offset: float) -> list[Fraction]:
     return [(Fraction(i) + u) / n for i in range(n)]
 
 
+# ---------------------------------------------------------------------- parallel sampling
+def _filter_knobs() -> dict[str, Any]:
+    return dict(
+        temperature=Float(1.0, 0.0, 10.0, "divide logits by this before drawing; 0 = greedy"),
+        top_k=Int(0, 0, 1_000_000, "keep the k most probable tokens first; 0 = off"),
+        top_p=Float(1.0, 0.0, 1.0, "nucleus filter first; 1 = off"),
+        min_p=Float(0.0, 0.0, 1.0, "min-p filter first; 0 = off"),
+    )
+
+
+def _filter_chain(p: dict[str, Any]):
+    return build_chain({**CHAIN_DEFAULTS, **{k: p[k] for k in ("temperature", "top_k", "top_p", "min_p")},
+                        "order": "top_k,top_p,min_p,temperature"})
+
+
+def _filters_lossy(p: dict[str, Any]) -> bool:
+    return p["temperature"] != 1.0 or p["top_k"] > 0 or p["top_p"] < 1.0 or p["min_p"] > 0
+
+
+@dataclass
+class Samples:
+    """N sequences grown in parallel, with their raw-model log-probabilities."""
+
+    seqs: list[list[int]]
+    logp: list[float]
+
+
+Chooser = Any  # (sample index, position, final probs) -> (token, extra beam evidence)
+
+
+def parallel_samples(ctx: Context, n: int, choose: Chooser, commit_first: bool) -> Iterator[Step]:
+    """Grow ``n`` continuations in one batched cache, one ``beam`` step per position.
+
+    ``choose(i, t, probs)`` picks sample ``i``'s token at position ``t`` from its processed
+    distribution. A finished sample leaves the batch. With ``commit_first`` the steps commit
+    sample 0's tokens (it is the output); otherwise they commit nothing. Returns
+    :class:`Samples` (``result = yield from parallel_samples(...)``).
+    """
+    chain = _filter_chain(ctx.params)
+    seqs: list[list[int]] = [[] for _ in range(n)]
+    logp = [0.0] * n
+    done = [False] * n
+    alive = list(range(n))  # sample index of each cache row
+    state = BatchState(ctx.target, ctx.prompt_ids, n)
+    logits = state.first[None].expand(n, -1)
+    prompt = list(ctx.prompt_ids)
+    for t in range(ctx.max_new_tokens):
+        ctx.check_cancel()
+        raw_logp = torch.log_softmax(logits.float(), -1)
+        info: dict[int, dict[str, Any]] = {}
+        feed: list[int] = []
+        for row, i in enumerate(alive):
+            h = History(ids=prompt + seqs[i], prompt_len=len(prompt), pos=t, uniform=ctx.uniform)
+            tok, info[i] = choose(i, t, chain.probs(logits[row], h))
+            seqs[i].append(tok)
+            logp[i] += float(raw_logp[row, tok])
+            feed.append(tok)
+            if t + 1 >= ctx.max_new_tokens or hits_stop(ctx, seqs[i]):
+                done[i] = True
+        beams = [{"ids": list(seqs[i]), "score": round(logp[i], 5), "parent": i, "finished": done[i],
+                  **info.get(i, {})} for i in range(n)]
+        yield Step("beam", [seqs[0][-1]] if commit_first and 0 in info else [], beams=beams)
+        keep = [row for row, i in enumerate(alive) if not done[i]]
+        if not keep:
+            break
+        if len(keep) < len(alive):
+            state.select(keep)
+            feed = [feed[r] for r in keep]
+            alive = [alive[r] for r in keep]
+        logits = state.advance(feed)
+    return Samples(seqs, logp)
+
+
 @register
 class Arithmetic(Decoder):
     """Arithmetic sampling (Vilnis et al. 2023): N parallel samples from evenly spaced codes.
@@ -342,8 +415,9 @@ class Arithmetic(Decoder):
     the (processed) model, while codes falling in different intervals give different tokens,
     so the N samples are spread out (stratified) instead of independent.
     Codes are exact rationals, so the rescaling loses no precision however long the run.
-    Steps are ``beam`` steps showing all N sequences with their codes and intervals (this
-    shows the method: one shared code line split among samples); sample 0 is the output.
+    Steps are ``beam`` steps showing all N sequences with the code each one read and the
+    interval it fell in (the method is the shared code line split among the samples; a
+    token view of sample 0 alone would hide it); sample 0 is the output.
     """
 
     name = "arithmetic"
@@ -353,59 +427,140 @@ class Arithmetic(Decoder):
     params = Params(
         num_samples=Int(4, 1, 64, "parallel samples (code points)"),
         token_order=Choice("id", ("id", "prob"), "order of the CDF intervals: token id (paper) or probability"),
-        temperature=Float(1.0, 0.0, 10.0, "divide logits by this before building intervals; 0 = greedy"),
-        top_k=Int(0, 0, 1_000_000, "keep the k most probable tokens first; 0 = off"),
-        top_p=Float(1.0, 0.0, 1.0, "nucleus filter first; 1 = off"),
-        min_p=Float(0.0, 0.0, 1.0, "min-p filter first; 0 = off"),
+        **_filter_knobs(),
     )
     reference = ("Vilnis et al. 2023, Arithmetic Sampling: Parallel Diverse Decoding for Large "
                  "Language Models (ICML)")
     description = "N stratified samples: evenly spaced code points read through the model's CDFs"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
-        return params["temperature"] != 1.0 or params["top_k"] > 0 or params["top_p"] < 1.0 or params["min_p"] > 0
+        return _filters_lossy(params)
 
     def run(self, ctx: Context) -> Iterator[Step]:
         p = ctx.params
         n = p["num_samples"]
-        chain = build_chain({**CHAIN_DEFAULTS, **{k: p[k] for k in ("temperature", "top_k", "top_p", "min_p")},
-                             "order": "top_k,top_p,min_p,temperature"})
         codes = arithmetic_codes(n, ctx.uniform(0))
-        seqs: list[list[int]] = [[] for _ in range(n)]
-        logp = [0.0] * n
-        done = [False] * n
-        alive = list(range(n))  # sample index of each cache row
-        state = BatchState(ctx.target, ctx.prompt_ids, n)
-        logits = state.first[None].expand(n, -1)
-        prompt = list(ctx.prompt_ids)
-        for t in range(ctx.max_new_tokens):
-            ctx.check_cancel()
-            raw_logp = torch.log_softmax(logits.float(), -1)
-            step_codes: dict[int, float] = {}
-            step_iv: dict[int, list[float]] = {}
-            feed: list[int] = []
-            for row, i in enumerate(alive):
-                h = History(ids=prompt + seqs[i], prompt_len=len(prompt), pos=t, uniform=ctx.uniform)
-                probs = chain.probs(logits[row], h)
-                tok, lo, hi = cdf_interval(probs, codes[i], p["token_order"])
-                step_codes[i], step_iv[i] = float(codes[i]), [float(lo), float(hi)]
-                codes[i] = (codes[i] - lo) / (hi - lo)
-                seqs[i].append(tok)
-                logp[i] += float(raw_logp[row, tok])
-                feed.append(tok)
-                if t + 1 >= ctx.max_new_tokens or hits_stop(ctx, seqs[i]):
-                    done[i] = True
-            beams = [{"ids": list(seqs[i]), "score": round(logp[i], 5), "parent": i, "finished": done[i],
-                      "code": step_codes.get(i), "interval": step_iv.get(i)} for i in range(n)]
-            yield Step("beam", [seqs[0][-1]] if 0 in step_codes else [], beams=beams)
-            keep = [row for row, i in enumerate(alive) if not done[i]]
-            if not keep:
-                break
-            if len(keep) < len(alive):
-                state.select(keep)
-                feed = [feed[r] for r in keep]
-                alive = [alive[r] for r in keep]
-            logits = state.advance(feed)
-        self.finish_reason = finish_reason_of(ctx, seqs[0])
-        self.extra_stats["samples"] = [{"ids": s, "logprob": round(lp, 5)} for s, lp in zip(seqs, logp)]
-        self.extra_stats["distinct_samples"] = len({tuple(s) for s in seqs})
+
+        def choose(i: int, t: int, probs: torch.Tensor) -> tuple[int, dict[str, Any]]:
+            tok, lo, hi = cdf_interval(probs, codes[i], p["token_order"])
+            ev = {"code": float(codes[i]), "interval": [float(lo), float(hi)]}
+            codes[i] = (codes[i] - lo) / (hi - lo)
+            return tok, ev
+
+        res = yield from parallel_samples(ctx, n, choose, commit_first=True)
+        self.finish_reason = finish_reason_of(ctx, res.seqs[0])
+        self.extra_stats["samples"] = [{"ids": s, "logprob": round(lp, 5)} for s, lp in zip(res.seqs, res.logp)]
+        self.extra_stats["distinct_samples"] = len({tuple(s) for s in res.seqs})
+
+
+def iid_chooser(ctx: Context) -> Chooser:
+    """Independent draws: sample 0 reads ``ctx.uniform(t)`` (the `sample` decoder's common
+    random numbers), sample ``i > 0`` its own stream."""
+    from decoders.ar import sample_index
+
+    def choose(i: int, t: int, probs: torch.Tensor) -> tuple[int, dict[str, Any]]:
+        u = ctx.uniform(t) if i == 0 else ctx.uniform(t, f"sample/{i}")
+        return sample_index(probs, u), {}
+
+    return choose
+
+
+def length_normalised(logp: float, length: int, alpha: float) -> float:
+    """``logp / length ** alpha`` (alpha 0 = total log-probability, 1 = per-token mean)."""
+    return logp / (max(length, 1) ** alpha)
+
+
+@register
+class BestOfN(Decoder):
+    """Sample-and-rank (Adiwardana et al. 2020): draw N samples, return the most likely.
+
+    N independent samples are drawn in one batch through temperature/top-k/top-p/min-p;
+    the one with the highest ``log p(y) / |y| ** length_penalty`` under the raw model wins.
+    Sample 0 uses the same common random numbers as the ``sample`` decoder, so with N = 1
+    it is that decoder's output. Simplifies: the ranker is the model's own likelihood, not a
+    separate reward model (best-of-N with a reward model needs one).
+    """
+
+    name = "best_of_n"
+    family = "search"
+    kind = "causal"
+    step_kind = "beam"
+    params = Params(
+        num_samples=Int(4, 1, 64, "samples drawn in parallel"),
+        length_penalty=Float(1.0, 0.0, 2.0, "rank by logprob / length^this (0 = total, 1 = mean)"),
+        **_filter_knobs(),
+    )
+    reference = "Adiwardana et al. 2020, Towards a Human-like Open-Domain Chatbot (sample-and-rank)"
+    description = "Draw N samples in parallel; keep the one the model finds most likely"
+
+    def is_lossy(self, params: dict[str, Any]) -> bool:
+        return True
+
+    def run(self, ctx: Context) -> Iterator[Step]:
+        p = ctx.params
+        res = yield from parallel_samples(ctx, p["num_samples"], iid_chooser(ctx), commit_first=False)
+        scores = [length_normalised(lp, len(s), p["length_penalty"]) for s, lp in zip(res.seqs, res.logp)]
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        self.output_override = list(res.seqs[best])
+        self.finish_reason = finish_reason_of(ctx, res.seqs[best])
+        self.extra_stats["chosen_sample"] = best
+        self.extra_stats["samples"] = [{"ids": s, "logprob": round(lp, 5), "score": round(sc, 5)}
+                                       for s, lp, sc in zip(res.seqs, res.logp, scores)]
+
+
+def ngram_f1(hyp: Sequence[int], ref: Sequence[int], max_n: int) -> float:
+    """Mean over n = 1..max_n of the F1 of clipped n-gram matches (a token-level BLEU/chrF cousin)."""
+    from collections import Counter
+
+    total = 0.0
+    for n in range(1, max_n + 1):
+        h = Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+        r = Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+        if not h or not r:
+            total += 1.0 if not h and not r else 0.0
+            continue
+        match = sum((h & r).values())
+        prec, rec = match / sum(h.values()), match / sum(r.values())
+        total += 0.0 if match == 0 else 2 * prec * rec / (prec + rec)
+    return total / max_n
+
+
+@register
+class MBR(Decoder):
+    """Sampling-based minimum Bayes risk decoding (Eikema & Aziz 2020).
+
+    Draw N samples; each is a hypothesis and, with the others, a pseudo-reference drawn
+    from the model. Return the hypothesis with the highest mean utility against the other
+    samples, i.e. the sample that agrees most with what the model would say. Utility:
+    token n-gram F1 (mean over n = 1..max_n). Simplifies: a token-level utility instead of
+    BLEU/chrF/COMET on text, and hypotheses = pseudo-references (no separate sets).
+    """
+
+    name = "mbr"
+    family = "search"
+    kind = "causal"
+    step_kind = "beam"
+    params = Params(
+        num_samples=Int(8, 2, 64, "samples, each a hypothesis and a pseudo-reference"),
+        max_n=Int(2, 1, 4, "utility: mean n-gram F1 for n = 1..max_n"),
+        **_filter_knobs(),
+    )
+    reference = ("Eikema & Aziz 2020, Is MAP Decoding All You Need? The Inadequacy of the Mode "
+                 "in Neural Machine Translation (COLING); Kumar & Byrne 2004")
+    description = "Draw N samples; return the one with the highest expected utility against the rest"
+
+    def is_lossy(self, params: dict[str, Any]) -> bool:
+        return True
+
+    def run(self, ctx: Context) -> Iterator[Step]:
+        p = ctx.params
+        n = p["num_samples"]
+        res = yield from parallel_samples(ctx, n, iid_chooser(ctx), commit_first=False)
+        util = [sum(ngram_f1(res.seqs[i], res.seqs[j], p["max_n"]) for j in range(n) if j != i) / (n - 1)
+                for i in range(n)]
+        best = max(range(n), key=lambda i: (util[i], -i))
+        self.output_override = list(res.seqs[best])
+        self.finish_reason = finish_reason_of(ctx, res.seqs[best])
+        self.extra_stats["chosen_sample"] = best
+        self.extra_stats["samples"] = [{"ids": s, "logprob": round(lp, 5), "utility": round(u, 5)}
+                                       for s, lp, u in zip(res.seqs, res.logp, util)]

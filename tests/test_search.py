@@ -249,8 +249,42 @@ def test_bad_search_knobs(llama, decoder, params, msg):
 
 
 def test_search_decoders_are_documented():
-    for name in ("beam", "diverse_beam", "arithmetic"):
+    for name in ("beam", "diverse_beam", "arithmetic", "best_of_n", "mbr"):
         cls = get_decoder(name)
         assert cls.family == "search" and cls.kind == "causal" and cls.step_kind == "beam"
         assert cls.reference and cls.description and cls.__doc__
         assert all(spec.help for spec in cls.params.values())
+
+
+# ---------------------------------------------------------------------- best-of-n and MBR
+def test_best_of_n_sample_zero_is_the_sample_decoder(llama):
+    knobs = {"temperature": 1.3, "top_k": 40}
+    s = run(llama, "sample", PROMPTS[1], 8, knobs, seed=4)
+    one = run(llama, "best_of_n", PROMPTS[1], 8, {"num_samples": 1, **knobs}, seed=4)
+    assert one.output_ids == s.output_ids  # common random numbers: N = 1 is plain sampling
+    four = run(llama, "best_of_n", PROMPTS[1], 8, {"num_samples": 4, **knobs}, seed=4)
+    samples = four.stats["samples"]
+    assert samples[0]["ids"] == s.output_ids
+    assert len({tuple(x["ids"]) for x in samples}) > 1
+    best = max(range(4), key=lambda i: samples[i]["score"])
+    assert four.stats["chosen_sample"] == best and four.output_ids == samples[best]["ids"]
+    for x in samples:
+        assert x["score"] == pytest.approx(x["logprob"] / len(x["ids"]), abs=1e-4)
+    assert four.stats["target_forwards"] == 8
+
+
+def test_mbr_returns_the_consensus_sample(llama):
+    from decoders.search import ngram_f1
+
+    assert ngram_f1([1, 2, 3], [1, 2, 3], 2) == 1.0
+    assert ngram_f1([1, 2, 3], [4, 5, 6], 2) == 0.0
+    assert ngram_f1([1, 2, 3], [1, 2, 4], 1) == pytest.approx(2 / 3)
+    trace = run(llama, "mbr", PROMPTS[0], 8, {"num_samples": 5, "temperature": 1.5}, seed=2)
+    samples = trace.stats["samples"]
+    seqs = [x["ids"] for x in samples]
+    for i, x in enumerate(samples):
+        mean = sum(ngram_f1(seqs[i], seqs[j], 2) for j in range(5) if j != i) / 4
+        assert x["utility"] == pytest.approx(mean, abs=1e-4)
+    best = trace.stats["chosen_sample"]
+    assert samples[best]["utility"] == max(x["utility"] for x in samples)
+    assert trace.output_ids == seqs[best]
