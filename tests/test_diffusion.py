@@ -356,6 +356,15 @@ def test_wrong_model_kind_is_a_clear_error(llama_handle, mlm):
 
 
 # ---------------------------------------------------------------------- output and trace
+def test_left_to_right_share():
+    from decoders.diffusion._canvas import left_to_right
+
+    assert left_to_right([0, 1, 2, 3]) == 1.0
+    assert left_to_right([0, 0, 1, 1]) == 1.0
+    assert left_to_right([3, 2, 1, 0]) == 0.25
+    assert left_to_right([1, 0, 2, 2]) == 0.75
+
+
 def test_trim_output():
     from decoders.diffusion._canvas import trim_output
 
@@ -377,6 +386,7 @@ def test_trace_fields_and_round_trip(mlm):
         assert all((st[key][p] is None) == (p in done_before) for p in range(12))
     assert st["committed"] == [st["canvas"][p] for p in st["unmasked"]]
     assert trace.stats["tokens_per_step"] == 2.0 and trace.stats["commits_per_step"] == [2] * 6
+    assert 0.0 < trace.stats["left_to_right"] <= 1.0
     assert trace.output_ids == trace.steps[-1].evidence["canvas"][:len(trace.output_ids)]
     texts = trace.extra["tokens"]  # a replay needs no tokenizer: predicted ids have texts too
     assert all(str(t) in texts for s in trace.steps for t in s.evidence["predicted"] if t is not None)

@@ -177,5 +177,22 @@ def finish(decoder: Any, ctx: Context, lay: Layout, gen: Sequence[int], commit_s
         "commits_per_step": list(per_step),
         "commit_step": list(commit_step),
         "trimmed_tokens": lay.gen_length - len(out),
+        "left_to_right": left_to_right(commit_step),
         **more,
     }
+
+
+def left_to_right(commit_step: Sequence[int]) -> float:
+    """Share of positions committed no later than every position to their left.
+
+    1.0 means the unmasking order was in effect left to right (what Dream users saw
+    "silently collapse" with temperature); a random order scores much lower.
+    """
+    if not commit_step:
+        return 0.0
+    hits, latest = 0, -1
+    for s in commit_step:
+        if s >= latest:
+            hits += 1
+        latest = max(latest, s)
+    return round(hits / len(commit_step), 4)

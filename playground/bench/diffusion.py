@@ -83,7 +83,8 @@ def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int) ->
     refs: dict[str, Any] = {}
     rows = []
     for label, dec, knobs in configs(g, block):
-        acc: dict[str, list[float]] = {k: [] for k in ("steps", "tps", "wall", "agree", "exact", "ppl", "proc")}
+        keys = ("steps", "tps", "wall", "agree", "exact", "ppl", "proc", "l2r")
+        acc: dict[str, list[float]] = {k: [] for k in keys}
         for prompt in prompts:
             t0 = time.perf_counter()
             tr = prepare(model=handle, decoder=dec, prompt=prompt, max_new_tokens=g, seed=0,
@@ -96,6 +97,7 @@ def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int) ->
             acc["proc"].append(tr.stats["target_tokens_processed"])
             acc["agree"].append(sum(a == b for a, b in zip(canvas, ref)) / g)
             acc["exact"].append(float(canvas == ref))
+            acc["l2r"].append(tr.stats["left_to_right"])
             if target is not None:
                 ppl = ar_perplexity(target, tr.prompt_ids, tr.output_ids)
                 if ppl is not None:
@@ -180,20 +182,21 @@ def run_suite(args: argparse.Namespace) -> str:
         f"Bundled `tiny-shakespeare-diffusion`; {len(prompts)} prompts, gen_length {g}, block_length {block} "
         f"(pc_sampler: no blocks), temperature 0, seed 0; {total:.0f} s in all. Averages over prompts. "
         "*Steps* = target forward passes; *tokens/step* = gen_length / steps; *processed* = canvas tokens "
-        "fed to the model relative to the reference (a batched verification pass counts every row). "
+        "fed to the model relative to the reference (a batched verification pass counts every row); "
+        "*L→R* = share of positions committed no later than every position to their left (1 = left to right). "
         "*Agreement* = share of canvas positions equal to one-token-per-step LLaDA decoding (first row), "
         "*identical* = share of prompts with the whole canvas equal. *Perplexity* = bundled "
         "`tiny-shakespeare` (causal) on the output given the prompt (trailing EOS run trimmed); "
         "**bold** rows are on the steps-vs-perplexity Pareto front.",
         "",
-        "| decoder | steps | tokens/step | wall (ms) | processed | agreement | identical | perplexity |",
-        "|---|---|---|---|---|---|---|---|",
+        "| decoder | steps | tokens/step | wall (ms) | processed | L→R | agreement | identical | perplexity |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         name = f"**{r['label']}**" if r["label"] in front else r["label"]
         ppl = "n/a" if math.isnan(r["ppl"]) else f"{r['ppl']:.2f}"
         lines.append(f"| {name} | {r['steps']:.1f} | {r['tps']:.2f} | {1000 * r['wall']:.0f} | "
-                     f"{r['proc_ratio']:.2f}× | {r['agree']:.3f} | {r['exact']:.2f} | {ppl} |")
+                     f"{r['proc_ratio']:.2f}× | {r['l2r']:.2f} | {r['agree']:.3f} | {r['exact']:.2f} | {ppl} |")
     if rel:
         lines += ["", f"Plot: [steps vs perplexity, Pareto front]({rel})."]
     lines += ["", "Reading it: steps buy quality for the schedule-based samplers (LLaDA, Dream); "
