@@ -360,7 +360,17 @@ def early_exit(rc: Recipe, prop: Proposal, progress: float) -> dict[str, Any] | 
 # ---------------------------------------------------------------------- the loop
 def denoise_step(lay: Layout, x: torch.Tensor, prop: Proposal, chosen: torch.Tensor,
                  block: tuple[int, int], **extra: Any) -> Step:
-    """Commit ``chosen`` (indices into ``prop``) into ``x`` and build the ``denoise`` step."""
+    """Commit ``chosen`` (indices into ``prop``) into ``x`` and build the ``denoise`` step.
+
+    Step fields (positions relative to the generated part; the prompt is not included):
+    ``committed`` the token ids committed, in position order; ``canvas`` the generated part
+    after this step, ``mask_id`` where still masked; ``unmasked`` the positions committed;
+    ``remasked`` always empty (these samplers never take back a committed token);
+    ``predicted`` the token proposed at every position that was masked when the step began;
+    ``confidence`` (probability of that token), ``entropy`` (nats), ``margin`` (top-1 minus
+    top-2 probability) and ``score`` (what the plan ranked by) at those positions, null
+    elsewhere; ``block`` the current block as ``[start, end)``; plus the plan's evidence.
+    """
     p0, g = lay.prompt_len, lay.gen_length
     order = torch.argsort(prop.pos[chosen])
     chosen = chosen[order]

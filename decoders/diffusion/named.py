@@ -3,6 +3,8 @@
 See ``decoders.diffusion._sampler`` for the sampler and its pluggable choices. All of these
 need a diffusion model (the bundled ``tiny-shakespeare-diffusion``, LLaDA, Dream, or a plain
 masked LM such as BERT/RoBERTa/ModernBERT) and write one ``denoise`` step per forward pass.
+The output is the final canvas with its trailing EOS/pad run cut (one EOS kept); stop
+strings do not apply, since a canvas is not written left to right.
 """
 
 from __future__ import annotations
