@@ -21,7 +21,8 @@ def lookup_continuations(seq: Sequence[int], max_n: int, min_n: int, length: int
 
     Tries n = max_n down to min_n (the highest level that matches wins, as in ANPD) and
     returns (n, up to ``branches`` distinct continuations of ``length`` tokens, most recent
-    occurrence first).
+    occurrence first). A continuation that reaches the end of ``seq`` goes on by copying
+    itself, so a period-p repetition drafts a full ``length`` tokens.
     """
     L = len(seq)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
@@ -29,8 +30,12 @@ def lookup_continuations(seq: Sequence[int], max_n: int, min_n: int, length: int
         conts: list[list[int]] = []
         for i in range(L - n - 1, -1, -1):
             if seq[i] == key[0] and list(seq[i:i + n]) == key:
-                cont = list(seq[i + n:i + n + length])
-                if cont and cont not in conts:
+                # a match that runs into the end continues with its own draft (periodic text)
+                cont: list[int] = []
+                for j in range(length):
+                    at = i + n + j
+                    cont.append(int(seq[at]) if at < L else cont[at - L])
+                if cont not in conts:
                     conts.append(cont)
                     if len(conts) >= branches:
                         break
