@@ -1,20 +1,53 @@
-"""The Gradio UI (placeholder until the Compare page lands)."""
+"""The Gradio UI: a Compare page (lanes racing, step inspector, sharing) and a Sessions view.
+
+``build_app()`` returns the Blocks; ``launch(demo)`` starts it with the page's CSS and the
+hosting settings (queue, concurrency, host/port from the environment).
+"""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import gradio as gr
 
+CSS_PATH = Path(__file__).resolve().parent / "style.css"
+
+INTRO = (
+    "# Decoder Playground\n"
+    "Pick decoders for up to six lanes and press **Run**: they decode the same prompt in lockstep, "
+    "at equal compute, token by token. Then scrub through the steps — or click any token — to see "
+    "the distribution, draft tree or canvas behind it."
+)
+
+
+def css() -> str:
+    """The page's stylesheet."""
+    return CSS_PATH.read_text(encoding="utf-8")
+
 
 def build_app() -> gr.Blocks:
-    """Build the Gradio Blocks app."""
-    with gr.Blocks(title="Decoder Playground") as demo:
-        gr.Markdown("# Decoder Playground")
+    """Build the Gradio Blocks app (Compare and Sessions tabs)."""
+    from playground.ui.compare import ComparePage
+    from playground.ui.sessions_view import SessionsView
+
+    with gr.Blocks(title="Decoder Playground", fill_width=True) as demo:
+        gr.Markdown(INTRO, elem_id="intro")
+        with gr.Tabs(selected="compare", elem_id="tabs") as tabs:
+            with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
+                page = ComparePage()
+                page.build()
+            with gr.Tab("Sessions", id="sessions", elem_id="tab-sessions") as sessions_tab:
+                sessions = SessionsView(page, tabs)
+                sessions.build()
+        page.wire(demo)
+        sessions.wire(demo, sessions_tab)
+    demo.compare_page = page  # type: ignore[attr-defined]  (tests drive the handlers directly)
     return demo
 
 
-def launch(demo: gr.Blocks) -> None:
-    """Launch on $PORT / $GRADIO_SERVER_PORT or 7860."""
-    port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
-    demo.queue().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), server_port=port)
+def launch(demo: gr.Blocks, **overrides: object) -> None:
+    """Launch with the queue and launch settings hosting decides, and the page CSS."""
+    from playground.hosting import launch_settings, queue_settings
+
+    settings = {**launch_settings(), "css": css(), "theme": gr.themes.Soft(), **overrides}
+    demo.queue(**queue_settings()).launch(**settings)
