@@ -303,7 +303,8 @@ def commits_per_step_figure(trace: dict[str, Any], step: int | None = None) -> g
     base_layout(fig, f"{title} · {len(steps)} steps", barmode="relative", xaxis_title="step",
                 yaxis={"title": "positions", "dtick": int_dtick(max(up + [-d for d in down])), "range": [lo, hi]},
                 yaxis2={"title": "filled", "overlaying": "y", "side": "right", "showgrid": False,
-                        "range": [top * lo / hi, top], "dtick": int_dtick(max(filled + [1]), 6)})
+                        "range": [top * lo / hi, top], "tickmode": "array",
+                        "tickvals": list(range(0, int(top) + 1, max(1, math.ceil(max(filled + [1]) / 6))))})
     if step is not None and isinstance(step, int):
         fig.add_vline(x=step, line={"color": CHOSEN, "width": 1, "dash": "dot"})
     return fig
