@@ -141,6 +141,16 @@ def test_draft_tree_nodes_path_and_correction():
     assert list(bonus.text) == ["t23"]
 
 
+def test_draft_step_shows_the_distribution_its_correction_came_from():
+    step = draft_step([(1, None, 11, False)], [], correction=6, kind="resample")
+    step["correction_dist"] = token_step(6)["dist"]
+    tr = trace([step])
+    assert [t for t, _ in V.step_figures(tr, 0)] == ["Draft tree", "Correction distribution"]
+    fig = V.distribution_figure(tr, 0)
+    assert fig.layout.title.text.startswith("Correction distribution") and list(by_name(fig, "chosen")[0].x) == [1]
+    assert [t for t, _ in V.step_figures(trace([draft_step([(1, None, 11, True)], [1])]), 0)] == ["Draft tree"]
+
+
 def test_draft_tree_siblings_spread_on_y():
     nodes = [(0, None, 11, True), (1, None, 12, False), (2, None, 13, None)]
     fig = V.draft_tree_figure(trace([draft_step(nodes, [0], correction=None)]), 0)
