@@ -42,6 +42,7 @@ def build_app() -> gr.Blocks:
         page.wire(demo)
         sessions.wire(demo, sessions_tab)
     demo.compare_page = page  # type: ignore[attr-defined]  (tests drive the handlers directly)
+    demo.sessions_view = sessions  # type: ignore[attr-defined]
     return demo
 
 

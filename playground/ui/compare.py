@@ -403,6 +403,8 @@ class ComparePage:
                            show_progress="hidden")
         self.share_btn.click(self.on_share, [self.sid], [self.share_link])
         demo.load(self.on_load, None, self.page_outputs(), show_progress="hidden")
+        # Warm the model cache as soon as the page opens, so the first Run starts at once.
+        demo.load(self.on_model, [self.model, self.model_path], [self.model_status], show_progress="minimal")
 
     # ---------------------------------------------------------------- handlers
     def on_preset(self, name: str) -> dict[Any, Any]:
@@ -538,7 +540,7 @@ class ComparePage:
             return up
         page = st.session_page(session)
         up = self.config_updates(page)
-        up[self.preset_info] = _md_text(f"Replaying stored session **{session['title']}** "
+        up[self.preset_info] = _md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
                                         f"({session['created'][:16].replace('T', ' ')} UTC) — no model loaded.")
         runs = page["runs"]
         up.update(self.result_updates(runs, page["metric"], step=None, sid=session["id"],

@@ -1,0 +1,235 @@
+"""The Compare page's handlers, driven directly (no browser): run, stop, errors, save, share,
+replay without a model, and the Sessions view. Uses the tiny random Llama of conftest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
+
+CONTRACT_IDS = ["model", "prompt", "seed", "max-new-tokens", "preset", "run", "stop", "step", "share",
+                "share-link"] + [f"lane-{k}{s}" for k in (1, 2) for s in ("", "-decoder", "-output", "-stats")]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from playground.ui import build_app
+
+    return build_app()
+
+
+@pytest.fixture(scope="module")
+def page(demo):
+    return demo.compare_page
+
+
+@pytest.fixture()
+def db(tmp_path, monkeypatch):
+    path = tmp_path / "ui.db"
+    monkeypatch.setenv("PLAYGROUND_DB", str(path))
+    return path
+
+
+@pytest.fixture()
+def tiny(monkeypatch, llama_handle):
+    """Every model name loads the tiny random Llama (no files needed)."""
+    import playground.engine
+
+    def fake_load(spec, **kw):
+        if spec == "missing-model":
+            from playground.errors import PlaygroundError
+
+            raise PlaygroundError("model path 'missing-model' does not exist or has no config.json")
+        return llama_handle
+
+    monkeypatch.setattr(playground.engine, "load_model", fake_load)
+    return llama_handle
+
+
+def run_args(page, lanes, prompt="ROMEO:", max_new=6, model="tiny-llama", policy="forwards"):
+    args = [model, "", prompt, 0, max_new, policy, "auto", len(lanes), None]
+    for j in range(page.max_lanes):
+        dec, knobs = lanes[j] if j < len(lanes) else ("greedy", {})
+        args += [dec, knobs, None, "(page model)"]
+    return args
+
+
+def raw_of(up, comp):
+    v = up.get(comp)
+    return v if isinstance(v, str) else (v.get("value") if isinstance(v, dict) else str(v))
+
+
+def html_of(up, comp):
+    """The text of an HTML update with entities decoded (messages are escaped on the page)."""
+    import html
+
+    return html.unescape(raw_of(up, comp))
+
+
+def test_contract_element_ids_exist(demo):
+    ids = {getattr(b, "elem_id", None) for b in demo.blocks.values()}
+    assert set(CONTRACT_IDS) <= ids
+
+
+def test_run_streams_and_saves_the_session(page, tiny, db):
+    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))
+    final = frames[-1]
+    status = html_of(final, page.status)
+    assert "Done" in status and "Saved" in status
+    traces = final[page.traces]
+    assert len(traces) == 2 and all(t["done"] for t in traces)
+    assert traces[0]["output_ids"] == traces[1]["output_ids"] and len(traces[0]["output_ids"]) == 6
+    assert 'class="tok"' in html_of(final, page.lanes[0].output)
+    assert "6 tokens" in html_of(final, page.lanes[1].stats)
+    sid = final[page.sid]
+    from playground.store import default_store
+
+    stored = default_store().load_session(sid)
+    assert [r["output_ids"] for r in stored["runs"]] == [t["output_ids"] for t in traces]
+    assert stored["settings"]["lanes"][0]["decoder"] == "greedy"
+
+
+def test_empty_prompt_is_a_one_line_error_and_runs_nothing(page, tiny, db):
+    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], prompt="  "), request=None))
+    assert len(frames) == 1 and "prompt is empty" in html_of(frames[0], page.status)
+    assert page.traces not in frames[0]
+
+
+def test_a_bad_lane_shows_its_error_and_the_other_lane_runs(page, tiny, db):
+    lanes = [("greedy", {}), ("top_k", {"k": -5})]
+    final = list(page.on_run(*run_args(page, lanes), request=None))[-1]
+    assert "knob 'k'=-5 is out of range" in html_of(final, page.lanes[1].output)
+    assert 'class="lane-error"' in html_of(final, page.lanes[1].output)
+    assert len(final[page.traces][0]["output_ids"]) == 6
+
+
+def test_unknown_decoder_and_missing_model_are_clear_errors(page, tiny, db):
+    final = list(page.on_run(*run_args(page, [("greedy", {}), ("no_such", {})]), request=None))[-1]
+    assert "unknown decoder 'no_such'" in html_of(final, page.lanes[1].output)
+    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], model="missing-model"),
+                              request=None))
+    assert "does not exist" in html_of(frames[-1], page.status)
+    assert "Traceback" not in json.dumps({str(k): str(v) for k, v in frames[-1].items()})
+
+
+def test_hosting_limit_refuses_with_a_message(page, tiny, db, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MAX_NEW_TOKENS", "4")
+    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], max_new=6), request=None))
+    assert "over this instance's limit of 4" in html_of(frames[-1], page.status)
+
+
+def test_replay_only_instance_refuses_to_run(page, tiny, db, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
+    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))
+    assert "replay only" in html_of(frames[-1], page.status)
+
+
+def test_stop_keeps_what_was_made_and_saves(page, tiny, db):
+    gen = page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], max_new=200), request=None)
+    final = None
+    for k, up in enumerate(gen):
+        final = up
+        if k == 3:
+            page.on_stop(request=None)
+    traces = final[page.traces]
+    assert all(t["stats"]["finish_reason"] == "cancelled" for t in traces)
+    assert all(0 < len(t["output_ids"]) < 200 for t in traces)
+    assert "Stopped" in html_of(final, page.status) and final[page.sid]
+
+
+def test_share_link_uses_the_app_url(page):
+    class Req:
+        request = None
+        headers = {"origin": "http://example.org:8080"}
+
+    assert page.on_share("A" * 32, Req()) == "http://example.org:8080/?session=" + "A" * 32
+    assert page.on_share("", Req()) == ""
+
+
+def test_replay_needs_no_model_and_shows_every_lane(page, tiny, db, monkeypatch):
+    final = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))[-1]
+    sid = final[page.sid]
+    monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
+    import playground.engine
+
+    monkeypatch.setattr(playground.engine, "load_model", lambda *a, **k: pytest.fail("replay loaded a model"))
+    up = page.open_session(sid)
+    assert up[page.sid] == sid and up[page.traces] == final[page.traces]
+    assert raw_of(up, page.lanes[0].output) == raw_of(final, page.lanes[0].output)
+    assert raw_of(up, page.lanes[0].stats) == raw_of(final, page.lanes[0].stats)
+    assert up[page.lanes[0].step_plots[0]]["visible"] is True
+    assert up[page.step]["maximum"] >= 5
+    assert "Replaying" in html_of(up, page.status)
+
+
+@pytest.mark.parametrize("sid, message", [("bad id!", "malformed session id"), ("A" * 32, "no session")])
+def test_a_missing_or_malformed_session_gives_a_clear_message(page, db, sid, message):
+    up = page.open_session(sid)
+    assert message in html_of(up, page.status)
+    assert "bad id!" not in html_of(up, page.status)  # the malformed value is not echoed
+
+
+def test_script_tokens_are_escaped_in_a_replay(page, db):
+    from playground.store import default_store
+    from playground.runner import error_trace
+
+    evil = "<script>window.__pwned=1</script>"
+    tr = error_trace("x", decoder="greedy", model="m", prompt="p")
+    tr["stats"] = {"new_tokens": 2, "target_forwards": 2, "finish_reason": "length"}
+    tr.update(output_ids=[5, 6], text=evil + "<img src=x onerror=alert(1)>", tokens={"5": evil, "6": "<img src=x onerror=alert(1)>"},
+              pieces=[evil, "<img src=x onerror=alert(1)>"],
+              steps=[{"i": 0, "kind": "token", "t": 0.0, "target_forwards": 1, "draft_forwards": 0, "committed": [5],
+                      "dist": {"top_ids": [5, 6], "top_tokens": [evil, "<b>"], "raw_probs": [0.6, 0.4],
+                               "final_probs": [1.0, 0.0], "entropy": 0.6, "chosen": 5, "chosen_rank": 0, "kept_mass": 0.6}},
+                     {"i": 1, "kind": "token", "t": 0.1, "target_forwards": 2, "draft_forwards": 0, "committed": [6]}])
+    sid = default_store().save_session(evil, "m", evil, {}, [tr, dict(tr)])
+    up = page.open_session(sid)
+    out = raw_of(up, page.lanes[0].output)
+    assert "&lt;script&gt;" in out and "<script" not in out and "<img" not in out
+    import gradio as gr
+
+    shown = " ".join(raw_of(up, c) for c in up if isinstance(c, (gr.HTML, gr.Markdown)))
+    assert "<script" not in shown and "<img src=x" not in shown
+    assert up[page.prompt] == evil  # the prompt box holds it as plain text
+
+
+def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_path):
+    from playground.store import default_store
+    from playground.ui.sessions_view import session_rows
+
+    sv = demo.sessions_view
+    final = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))[-1]
+    sid = final[page.sid]
+    rows = session_rows()
+    assert rows[0][4] == sid and rows[0][2] == "greedy, greedy"
+    assert "1 stored session" in sv.on_refresh()[1]
+
+    assert "Renamed" in sv.on_rename(sid, "My comparison")[1]
+    assert session_rows()[0][0] == "My comparison"
+    assert "cannot be empty" in sv.on_rename(sid, "  ")[1]
+    assert "select a session" in sv.on_rename(None, "x")[1]
+
+    file_up, msg = sv.on_export(sid)
+    path = file_up["value"]
+    data = json.loads(open(path, encoding="utf-8").read())
+    assert data["title"] == "My comparison" and len(data["runs"]) == 2
+
+    before = session_rows()
+    for bad, why in ((b"not json", "not valid JSON"), (b'{"format": "other"}', "not a session export"),
+                     (json.dumps({**data, "runs": [{"schema": 1}]}).encode(), "missing field")):
+        out = sv.on_import(bad)
+        assert why in out[1] and "import refused" in out[1]
+        assert session_rows() == before  # nothing changed
+    rows, msg = sv.on_import(json.dumps(data).encode())
+    assert "Imported" in msg and len(rows) == 2
+    new_sid = next(r[4] for r in rows if r[4] != sid)
+    assert default_store().load_session(new_sid)["runs"] == default_store().load_session(sid)["runs"]
+
+    opened = sv.on_open(new_sid)
+    assert opened[page.sid] == new_sid and opened[page.traces][0]["output_ids"]
+
+    out = sv.on_delete(sid)
+    assert "Deleted" in out[1] and [r[4] for r in out[0]] == [new_sid]
+    assert "no session" in sv.on_delete(sid)[1]
