@@ -665,6 +665,7 @@ class _Stats:
             "acceptance_rate": round(self.accepted / self.tried, 4) if self.tried else 0.0,
             "draft_efficiency": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
             "drafted_tokens": self.drafted,
+            "verified_tokens": self.tried,
             "accepted_tokens": self.accepted,
             "mean_accepted_length": round(self.accepted / self.steps, 4) if self.steps else 0.0,
             "accepted_length_hist": {str(k): self.hist[k] for k in sorted(self.hist)},
