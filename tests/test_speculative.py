@@ -267,7 +267,8 @@ def test_lossless_equals_greedy_copying_model(llama_handle, decoder):
             assert tr.stats["tokens_per_target_forward"] >= 3.0
 
 
-@pytest.mark.parametrize("decoder", ["speculative", "spec_tree", "prompt_lookup", "lookahead", "mask_probe"])
+@pytest.mark.parametrize("decoder", ["speculative", "spec_tree", "prompt_lookup", "lookahead", "mask_probe",
+                                     "layer_skip"])
 def test_lossless_equals_greedy_gpt2(gpt2_handle, decoder):
     for prompt in (PROMPTS[2], PROMPTS[4]):
         ref = run(gpt2_handle, "greedy", prompt, 16)

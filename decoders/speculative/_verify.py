@@ -539,11 +539,13 @@ class SpecDecoder(Decoder):
                      correction_kind=None, node_info={}, past_len=past, root_token=root_token)
         self._walk(ctx, v)
         # evidence p for nodes whose parent the walk did not reach
+        at_parent: dict[int, torch.Tensor] = {}
         for i in range(len(tree)):
             if not tree.aux[i] and i not in v.node_info:
                 par = tree.parents[i]
-                pr = self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ())
-                v.node_info[i] = {"p": float(pr[tree.tokens[i]]), "accept_prob": None, "accepted": False}
+                if par not in at_parent:
+                    at_parent[par] = self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ())
+                v.node_info[i] = {"p": float(at_parent[par][tree.tokens[i]]), "accept_prob": None, "accepted": False}
         # cache: everything before, the pending tokens, then the accepted path
         keep = list(range(past + n_pend)) + [past + n_pend + i for i in v.path]
         select_cache(self.cache, keep)
@@ -676,8 +678,3 @@ class _Stats:
             out["accept_rule"] = dec.rule.name
         return out
 
-
-def check_positive_room(ctx: Context) -> None:
-    """Raise if the prompt leaves no room in the context (the engine checks this already)."""
-    if len(ctx.prompt_ids) >= ctx.target.context_length:
-        raise PlaygroundError("the prompt fills the model's whole context")

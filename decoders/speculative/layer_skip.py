@@ -53,7 +53,7 @@ class LayerSkip(SpecDecoder):
                  "Zarch et al. 2025, DEL: Context-Aware Dynamic Exit Layer for Efficient Self-Speculative Decoding")
     description = "Draft with the target's own first k layers + LM head, verify with the full model"
     params = SpecParams(
-        exit_layer=Int(2, 1, 256, "layers the draft runs (must be below the model's depth)"),
+        exit_layer=Int(0, 0, 256, "layers the draft runs, below the model's depth; 0 = half of them"),
         gamma=Int(4, 1, 32, "tokens drafted per step (the maximum when dynamic)"),
         dynamic=Bool(False, "DEL: choose exit layer and γ each step from running per-layer acceptance"),
         adaptive_h=Float(1.0, 0.0, 1.0, "stop drafting once 1 - prod q(x_i) exceeds this; 1 = always γ"),
@@ -61,7 +61,7 @@ class LayerSkip(SpecDecoder):
 
     def setup(self, ctx: Context) -> None:
         L = ctx.target.num_layers
-        k = int(ctx.params["exit_layer"])
+        k = int(ctx.params["exit_layer"]) or max(1, L // 2)
         if L < 2:
             raise PlaygroundError(f"layer_skip needs a model with at least 2 layers; {ctx.target.name!r} has {L}")
         if k >= L:
