@@ -422,3 +422,13 @@ def test_exit_layer_out_of_range(varied):
     with pytest.raises(PlaygroundError, match="exit_layer"):
         r.step()
     assert r.done and "exit_layer" in r.trace.stats.get("error", "")
+
+
+def test_draft_with_a_shorter_context_is_rejected(varied, tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=16)
+    short = handle_from_model(GPT2LMHeadModel(cfg), tokenizer, name="short-draft")
+    r = prepare(model=varied, decoder="speculative", prompt=PROMPTS[1], max_new_tokens=20, draft=short)
+    with pytest.raises(PlaygroundError, match="context of the draft"):
+        r.step()

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import torch
 
 from decoders.ar import sample_index
-from decoders.base import Context, Float, Int, register
+from decoders.base import Context, Float, Int, PlaygroundError, register
 from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
                                           crop_layers, draw_without_replacement, rule_params,
                                           sampling_params)
@@ -24,6 +24,14 @@ def fit_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
         s = float(out.sum())
         return out / s if s > 0 else out
     return torch.cat([probs, torch.zeros(size - n, dtype=probs.dtype, device=probs.device)])
+
+
+def check_draft_context(ctx: Context) -> None:
+    """The draft must hold the whole run (prompt + new tokens) in its own context."""
+    need = len(ctx.prompt_ids) + ctx.max_new_tokens
+    if need > ctx.draft.context_length:
+        raise PlaygroundError(f"prompt plus max_new_tokens ({need} tokens) exceeds the context of the draft "
+                              f"model {ctx.draft.name!r} ({ctx.draft.context_length} tokens)")
 
 
 class DraftState:
@@ -88,6 +96,7 @@ class Speculative(SpecDecoder):
         **rule_params(), **sampling_params(1.0))
 
     def setup(self, ctx: Context) -> None:
+        check_draft_context(ctx)
         self.d = DraftState(ctx.draft)
 
     def draft(self, ctx: Context, max_depth: int) -> Tree:
@@ -145,6 +154,7 @@ class SpecTree(SpecDecoder):
         **rule_params(), **sampling_params(1.0))
 
     def setup(self, ctx: Context) -> None:
+        check_draft_context(ctx)
         self.d = DraftState(ctx.draft)
 
     def draft(self, ctx: Context, max_depth: int) -> Tree:
