@@ -36,7 +36,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from decoders.ar import dist_evidence, sample_index
-from decoders.base import Choice, Context, Decoder, Float, Int, Param, PlaygroundError
+from decoders.base import Choice, Context, Decoder, Float, Int, Param
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
 from playground.trace import Step
 

@@ -4,7 +4,6 @@ decoding without a draft model, exact with respect to greedy."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import torch
 

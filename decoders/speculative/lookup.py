@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, defaultdict
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
