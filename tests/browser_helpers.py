@@ -85,7 +85,16 @@ def step_value(page: Any) -> int:
     return int(float(page.locator("#step input[type=number]").input_value()))
 
 
-def wait_idle(page: Any, timeout_ms: int = 120_000) -> None:
-    """Wait until the Run button is enabled again (the comparison finished or stopped)."""
-    page.wait_for_function("() => { const b = document.querySelector('#run'); return b && !b.disabled; }",
-                           timeout=timeout_ms)
+def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
+    """Wait until the comparison has finished or stopped (the status says so, Run is enabled)."""
+    page.wait_for_function(
+        "() => { const s = document.querySelector('#status'); const b = document.querySelector('#run');"
+        " return s && b && !b.disabled && /^(Done|Stopped)/.test(s.innerText.trim()); }",
+        timeout=timeout_ms)
+
+
+def wait_running(page: Any, timeout_ms: int = 60_000) -> None:
+    """Wait until the Run button has been pressed and the lanes are decoding."""
+    page.wait_for_function(
+        "() => { const s = document.querySelector('#status'); return s && /^Running/.test(s.innerText.trim()); }",
+        timeout=timeout_ms)

@@ -210,9 +210,11 @@ class ComparePage:
                 for name, p in params.items():
                     w = st.knob_widget(name, p, (knobs or {}).get(name))
                     comp = _WIDGETS[w.widget](**w.kwargs, elem_id=f"lane-{k}-knob-{name}",
-                                              key=f"lane-{k}-{decoder}-{name}")
-                    comp.change(partial(_set_knob, name), inputs=[comp, ui.knobs], outputs=[ui.knobs],
-                                show_progress="hidden", queue=False)
+                                              key=f"lane-{k}-{decoder}-{name}", interactive=True)
+                    # .input (user edits only): a freshly rendered control reports nothing, so
+                    # a re-render never races its predecessor's events.
+                    comp.input(partial(_set_knob, name), inputs=[comp, ui.knobs], outputs=[ui.knobs],
+                               show_progress="hidden", trigger_mode="always_last")
 
     def _build_inspector(self, ui: LaneUI) -> None:
         with gr.Column(visible=ui.k <= 3, elem_id=f"inspect-{ui.k}", elem_classes=["inspect-col"],
@@ -248,7 +250,7 @@ class ComparePage:
         """What a scrubber move redraws."""
         out: list[Any] = [self.step]
         for ui in self.lanes:
-            out += [ui.step_html, *ui.step_plots]
+            out += [ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots]
         return out
 
     def page_outputs(self) -> list[Any]:
@@ -643,9 +645,9 @@ class PlotPacer:
     keeps plotting under about 1/factor of the time however slow the machine is.
     """
 
-    BASE = {"strip": PLOT_EVERY_S, "lanes": 4 * PLOT_EVERY_S}
+    BASE = {"strip": 2 * PLOT_EVERY_S, "lanes": 8 * PLOT_EVERY_S}
 
-    def __init__(self, factor: float = 5.0, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, factor: float = 8.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.factor, self.clock = factor, clock
         self.last: dict[str, float] = {}
         self.cost: dict[str, float] = {}
