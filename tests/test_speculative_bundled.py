@@ -26,7 +26,7 @@ PROMPTS = [
     "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n",
     "HAMLET:\nTo be, or not to be, that is the question:\n",
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n",
-    "KING: Ha, ha, ha! KING: Ha, ha, ha! KING: Ha, ha, ha! KING: Ha, ha,",
+    "[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter",  # repetitive
 ]
 
 

@@ -31,10 +31,10 @@ PROMPTS: list[tuple[str, str]] = [
     ("dialogue", "HAMLET:\nTo be, or not to be, that is the question:\n\nOPHELIA:\n"),
     ("dialogue", "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"),
     ("dialogue", "KING HENRY:\nOnce more unto the breach, dear friends, once more;\n\nEXETER:\n"),
+    ("repetitive", "[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter"),
+    ("repetitive", "I'll be a man, and I'll be a man, and I'll be a man, and I'll be"),
+    ("repetitive", "O Romeo, Romeo, O Romeo, Romeo, O Romeo, Romeo, O Romeo,"),
     ("repetitive", "KING: Ha, ha, ha! QUEEN: Ha, ha, ha! KING: Ha, ha, ha! QUEEN: Ha, ha, ha! KING:"),
-    ("repetitive", "My lord, my lord, my lord, my lord, my lord, my lord, my lord, my lord,"),
-    ("repetitive", "ROMEO:\nO Romeo, Romeo.\nJULIET:\nO Romeo, Romeo.\nROMEO:\nO Romeo, Romeo.\nJULIET:\n"),
-    ("repetitive", "Tomorrow, and tomorrow, and tomorrow, and tomorrow, and tomorrow, and tomorrow,"),
 ]
 QUICK = [0, 4, 8, 9]
 
