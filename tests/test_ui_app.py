@@ -74,7 +74,7 @@ def test_contract_element_ids_exist(demo):
 
 
 def test_run_streams_and_saves_the_session(page, tiny, db):
-    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})])))
     final = frames[-1]
     status = html_of(final, page.status)
     assert "Done" in status and "Saved" in status
@@ -92,42 +92,41 @@ def test_run_streams_and_saves_the_session(page, tiny, db):
 
 
 def test_empty_prompt_is_a_one_line_error_and_runs_nothing(page, tiny, db):
-    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], prompt="  "), request=None))
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], prompt="  ")))
     assert len(frames) == 1 and "prompt is empty" in html_of(frames[0], page.status)
     assert page.traces not in frames[0]
 
 
 def test_a_bad_lane_shows_its_error_and_the_other_lane_runs(page, tiny, db):
     lanes = [("greedy", {}), ("top_k", {"k": -5})]
-    final = list(page.on_run(*run_args(page, lanes), request=None))[-1]
+    final = list(page.on_run(None, *run_args(page, lanes)))[-1]
     assert "knob 'k'=-5 is out of range" in html_of(final, page.lanes[1].output)
     assert 'class="lane-error"' in html_of(final, page.lanes[1].output)
     assert len(final[page.traces][0]["output_ids"]) == 6
 
 
 def test_unknown_decoder_and_missing_model_are_clear_errors(page, tiny, db):
-    final = list(page.on_run(*run_args(page, [("greedy", {}), ("no_such", {})]), request=None))[-1]
+    final = list(page.on_run(None, *run_args(page, [("greedy", {}), ("no_such", {})])))[-1]
     assert "unknown decoder 'no_such'" in html_of(final, page.lanes[1].output)
-    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], model="missing-model"),
-                              request=None))
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], model="missing-model")))
     assert "does not exist" in html_of(frames[-1], page.status)
     assert "Traceback" not in json.dumps({str(k): str(v) for k, v in frames[-1].items()})
 
 
 def test_hosting_limit_refuses_with_a_message(page, tiny, db, monkeypatch):
     monkeypatch.setenv("PLAYGROUND_MAX_NEW_TOKENS", "4")
-    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], max_new=6), request=None))
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))
     assert "over this instance's limit of 4" in html_of(frames[-1], page.status)
 
 
 def test_replay_only_instance_refuses_to_run(page, tiny, db, monkeypatch):
     monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
-    frames = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})])))
     assert "replay only" in html_of(frames[-1], page.status)
 
 
 def test_stop_keeps_what_was_made_and_saves(page, tiny, db):
-    gen = page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})], max_new=200), request=None)
+    gen = page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
     final = None
     for k, up in enumerate(gen):
         final = up
@@ -149,7 +148,7 @@ def test_share_link_uses_the_app_url(page):
 
 
 def test_replay_needs_no_model_and_shows_every_lane(page, tiny, db, monkeypatch):
-    final = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))[-1]
+    final = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})])))[-1]
     sid = final[page.sid]
     monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
     import playground.engine
@@ -200,7 +199,7 @@ def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_pat
     from playground.ui.sessions_view import session_rows
 
     sv = demo.sessions_view
-    final = list(page.on_run(*run_args(page, [("greedy", {}), ("greedy", {})]), request=None))[-1]
+    final = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})])))[-1]
     sid = final[page.sid]
     rows = session_rows()
     assert rows[0][4] == sid and rows[0][2] == "greedy, greedy"

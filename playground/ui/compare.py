@@ -557,16 +557,20 @@ class ComparePage:
         return {self.run_btn: gr.update(interactive=True), self.stop_btn: gr.update(interactive=False)}
 
     # ---------------------------------------------------------------- the run
-    def on_run(self, *args: Any, request: gr.Request = None) -> Iterator[dict[Any, Any]]:  # type: ignore[assignment]
-        """Run the comparison, streaming text and stats, then plots; autosave at the end."""
+    def on_run(self, request: gr.Request, *args: Any) -> Iterator[dict[Any, Any]]:
+        """Run the comparison, streaming text and stats, then plots; autosave at the end.
+
+        ``request`` comes first because Gradio injects it only into positional parameters;
+        ``args`` are the values of the Run button's inputs (page settings, then 4 per lane).
+        """
         (model, model_path, prompt, seed, max_new, policy, metric, lane_count, preset) = args[:9]
         lane_args = args[9:]
         n = max(1, min(int(lane_count or 2), self.max_lanes))
         lanes = []
         for j in range(n):
             dec, knobs, draft, lmodel = lane_args[4 * j: 4 * j + 4]
-            lanes.append(st.LaneConfig(decoder=dec or "", params=dict(knobs or {}),
-                                       draft=None if draft in (None, "", st.NO_DRAFT) else draft,
+            lanes.append(st.LaneConfig(decoder=dec or "", params=st.coerce_knobs(dec or "", knobs or {}),
+                                       draft=None if draft in (None, "", st.NO_DRAFT) or not st.needs_draft(dec) else draft,
                                        model=None if lmodel in (None, "", st.SAME_MODEL) else lmodel))
         page_model = (model_path or "").strip() or (model or "").strip()
         try:
