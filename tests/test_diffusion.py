@@ -223,6 +223,29 @@ def test_sampling_is_deterministic_per_seed(mlm):
     assert g1.output_ids == run(mlm, "llada", n=8, seed=2, temperature=0.8).output_ids
 
 
+def test_dream_alg_temp_and_top_k_keep_the_schedule(mlm):
+    from decoders.diffusion._sampler import dream_count, dream_timesteps
+
+    kw = dict(n=16, steps=4, alg="topk_margin", temperature=0.7, top_k=5, alg_temp=0.5)
+    a, b = run(mlm, "dream", seed=4, **kw), run(mlm, "dream", seed=4, **kw)
+    assert a.output_ids == b.output_ids
+    ts, left, want = dream_timesteps(4, 1e-3), 16, []
+    for i in range(4):
+        want.append(dream_count(left, ts, i))
+        left -= want[-1]
+    assert a.stats["commits_per_step"] == want
+
+
+def test_recipes_reduce_to_their_base(mlm):
+    """With their extra knob off, the named variants are the sampler they build on."""
+    base = run(mlm, "llada", n=16, steps=8)
+    pc = run(mlm, "pc_sampler", n=16, steps=8, position_decay=0.0, calibrate=False)
+    assert pc.output_ids == base.output_ids and pc.stats["commit_step"] == base.stats["commit_step"]
+    fast = run(mlm, "fast_dllm", n=16, threshold=0.4)
+    credit = run(mlm, "credit", n=16, threshold=0.4, credit_weight=0.0)
+    assert credit.output_ids == fast.output_ids and credit.stats["commit_step"] == fast.stats["commit_step"]
+
+
 # ---------------------------------------------------------------------- early exit
 def test_early_exit_commits_everything_at_once(mlm):
     ex = run(mlm, "prophet", n=16, early=0.0)
