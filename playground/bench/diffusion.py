@@ -61,6 +61,8 @@ def configs(g: int, block: int) -> list[tuple[str, str, dict[str, Any]]]:
     out.append(("credit threshold=0.9", "credit", {**semi, "threshold": 0.9}))
     for k in (4, 8):
         out.append((f"freedave draft={k}", "freedave", {**semi, "draft_size": k}))
+    out.append((f"dream entropy steps={g // 2}, T=0.2 top_p=0.95 (Dream's defaults)", "dream",
+                {**semi, "steps": g // 2, "alg": "entropy"}))
     return out
 
 
@@ -83,7 +85,7 @@ def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int) ->
     refs: dict[str, Any] = {}
     rows = []
     for label, dec, knobs in configs(g, block):
-        keys = ("steps", "tps", "wall", "agree", "exact", "ppl", "proc", "l2r")
+        keys = ("steps", "tps", "wall", "agree", "exact", "ppl", "proc", "l2r", "distinct")
         acc: dict[str, list[float]] = {k: [] for k in keys}
         for prompt in prompts:
             t0 = time.perf_counter()
@@ -98,6 +100,8 @@ def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int) ->
             acc["agree"].append(sum(a == b for a, b in zip(canvas, ref)) / g)
             acc["exact"].append(float(canvas == ref))
             acc["l2r"].append(tr.stats["left_to_right"])
+            if tr.output_ids:
+                acc["distinct"].append(len(set(tr.output_ids)) / len(tr.output_ids))
             if target is not None:
                 ppl = ar_perplexity(target, tr.prompt_ids, tr.output_ids)
                 if ppl is not None:
@@ -180,23 +184,24 @@ def run_suite(args: argparse.Namespace) -> str:
         "",
         machine_line(),
         f"Bundled `tiny-shakespeare-diffusion`; {len(prompts)} prompts, gen_length {g}, block_length {block} "
-        f"(pc_sampler: no blocks), temperature 0, seed 0; {total:.0f} s in all. Averages over prompts. "
+        f"(pc_sampler: no blocks), temperature 0 except the last row, seed 0; {total:.0f} s in all. Averages over prompts. "
         "*Steps* = target forward passes; *tokens/step* = gen_length / steps; *processed* = canvas tokens "
         "fed to the model relative to the reference (a batched verification pass counts every row); "
         "*L→R* = share of positions committed no later than every position to their left (1 = left to right). "
         "*Agreement* = share of canvas positions equal to one-token-per-step LLaDA decoding (first row), "
         "*identical* = share of prompts with the whole canvas equal. *Perplexity* = bundled "
         "`tiny-shakespeare` (causal) on the output given the prompt (trailing EOS run trimmed); "
-        "**bold** rows are on the steps-vs-perplexity Pareto front.",
+        "**bold** rows are on the steps-vs-perplexity Pareto front. *Distinct* = distinct tokens / output "
+        "length: low perplexity with low distinct is degenerate repetition, not quality.",
         "",
-        "| decoder | steps | tokens/step | wall (ms) | processed | L→R | agreement | identical | perplexity |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| decoder | steps | tokens/step | wall (ms) | processed | L→R | agreement | identical | perplexity | distinct |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         name = f"**{r['label']}**" if r["label"] in front else r["label"]
         ppl = "n/a" if math.isnan(r["ppl"]) else f"{r['ppl']:.2f}"
         lines.append(f"| {name} | {r['steps']:.1f} | {r['tps']:.2f} | {1000 * r['wall']:.0f} | "
-                     f"{r['proc_ratio']:.2f}× | {r['l2r']:.2f} | {r['agree']:.3f} | {r['exact']:.2f} | {ppl} |")
+                     f"{r['proc_ratio']:.2f}× | {r['l2r']:.2f} | {r['agree']:.3f} | {r['exact']:.2f} | {ppl} | {r['distinct']:.2f} |")
     if rel:
         lines += ["", f"Plot: [steps vs perplexity, Pareto front]({rel})."]
     lines += ["", "Reading it: steps buy quality for the schedule-based samplers (LLaDA, Dream); "
