@@ -22,6 +22,7 @@ shows both (``target_forwards`` and ``target_tokens_processed``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -57,7 +58,6 @@ class FreeDave(DiffusionDecoder):
         x = new_canvas(ctx, lay)
         commit_step = [-1] * g
         per_step: list[int] = []
-        accepted_per_round: list[int] = []
         logits = gen_logits(view, x, lay)[0]
         c = 0  # commits so far = the static decoder's step index
         rnd = 0
@@ -89,8 +89,7 @@ class FreeDave(DiffusionDecoder):
                     accepted += 1
                 nxt = by_state.get(accepted - 1)
             keep = torch.tensor([int((prop.pos == q).nonzero()[0, 0]) for q, _ in drafts[:accepted]])
-            sub = Proposal(pos=prop.pos, tokens=prop.tokens.clone(), conf=prop.conf, margin=prop.margin,
-                           entropy=prop.entropy, gap=prop.gap, score=prop.score, top1=prop.top1)
+            sub = replace(prop, tokens=prop.tokens.clone())
             for n, (q, t) in enumerate(drafts[:accepted]):
                 sub.tokens[keep[n]] = t
             st = denoise_step(lay, x, sub, keep, (s0, s1),
@@ -99,7 +98,6 @@ class FreeDave(DiffusionDecoder):
             for q, _t in drafts[:accepted]:
                 commit_step[q] = rnd
             per_step.append(accepted)
-            accepted_per_round.append(accepted)
             self.output_override = x[p0:].tolist()
             yield st
             c += accepted
