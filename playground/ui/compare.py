@@ -582,9 +582,13 @@ class ComparePage:
             return
         key = _session_key(request)
         started = time.perf_counter()
-        yield {self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
-               self.sid: "",
-               self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True)}
+        start: dict[Any, Any] = {
+            self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
+            self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True)}
+        for ui in self.lanes[:n]:
+            start[ui.output] = _empty_output(ui.k, "Starting…")
+            start[ui.stats] = '<div class="lane-stats">—</div>'
+        yield start
         pacer = PlotPacer()
         traces: list[dict[str, Any]] = []
         runner = None
@@ -778,8 +782,8 @@ def _models_present(page: dict[str, Any]) -> bool:
     return all((BUNDLED_DIR / n / "config.json").exists() for n in names if n in BUNDLED)
 
 
-def _empty_output(k: int) -> str:
-    return f'<div class="tok-output" data-lane="{k}"><span class="tok-empty">Press Run to start this lane.</span></div>'
+def _empty_output(k: int, note: str = "Press Run to start this lane.") -> str:
+    return f'<div class="tok-output" data-lane="{k}"><span class="tok-empty">{_esc(note)}</span></div>'
 
 
 def _insp_header(k: int, trace: dict[str, Any], step: int, count: int) -> str:
