@@ -116,3 +116,13 @@ def test_share_url_and_titles():
     lanes = [st.LaneConfig("greedy"), st.LaneConfig("beam")]
     assert st.session_title(lanes) == "greedy vs beam"
     assert st.session_title(lanes, "Preset") == "Preset — greedy vs beam"
+
+
+def test_knob_summary_lists_only_changed_knobs_and_is_escaped():
+    if st.decoder_spec("top_k") is None:
+        pytest.skip("top_k not registered")
+    assert st.knob_summary("top_k", st.default_knobs("top_k")) == ""
+    assert st.knob_summary("top_k", {"k": 20, "temperature": 1.0}) == "k=20"
+    info = st.decoder_info_md("top_k", {"k": 20})
+    assert info.endswith("**k=20**")
+    assert "<" not in st.decoder_info_md("<script>")

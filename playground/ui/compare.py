@@ -118,34 +118,35 @@ class ComparePage:
         presets = st.preset_choices()
 
         with gr.Row(elem_id="top-row", equal_height=False):
-            with gr.Column(scale=2, min_width=260):
+            with gr.Column(scale=3, min_width=260):
                 self.model = gr.Dropdown(models, value=st.DEFAULT_MODEL, label="Model", allow_custom_value=True,
-                                         elem_id="model", info="bundled models and models in your Hugging Face cache")
+                                         elem_id="model", info="bundled, or found in your Hugging Face cache")
                 self.model_path = gr.Textbox(label="…or a local path / hub id", placeholder="/path/to/model or org/name",
                                              elem_id="model-path", max_lines=1)
                 self.model_status = gr.HTML("", elem_id="model-status")
-            with gr.Column(scale=4, min_width=320):
+            with gr.Column(scale=5, min_width=320):
                 self.prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="prompt",
                                          value=st.EXAMPLE_PROMPTS[0])
                 self.examples = gr.Examples([[p] for p in st.EXAMPLE_PROMPTS], inputs=[self.prompt],
                                             label="Example prompts", examples_per_page=6)
-            with gr.Column(scale=2, min_width=240):
+            with gr.Column(scale=3, min_width=260):
                 self.preset = gr.Dropdown(presets, value=None, label="Preset", elem_id="preset",
                                           info="a ready comparison: lanes, knobs, prompt")
                 self.preset_info = gr.Markdown("", elem_id="preset-info", elem_classes=["preset-info"])
-                with gr.Row():
-                    self.seed = gr.Number(0, label="Seed", precision=0, elem_id="seed", min_width=90)
-                    self.max_new = gr.Number(48, label="Max new tokens", precision=0, minimum=1,
-                                             maximum=lim.max_new_tokens, elem_id="max-new-tokens", min_width=110)
         with gr.Row(elem_id="run-row", equal_height=True):
-            self.run_btn = gr.Button("▶ Run", variant="primary", elem_id="run", scale=2)
-            self.stop_btn = gr.Button("■ Stop", variant="stop", elem_id="stop", interactive=False, scale=1)
-            self.add_btn = gr.Button("+ Lane", elem_id="add-lane", scale=1, size="md")
-            self.remove_btn = gr.Button("− Lane", elem_id="remove-lane", scale=1, size="md")
-            self.policy = gr.Dropdown(st.POLICY_CHOICES, value="forwards", label="Lockstep", elem_id="policy",
-                                      scale=3, info="which lane steps next")
+            self.seed = gr.Number(0, label="Seed", precision=0, elem_id="seed", min_width=80, scale=1)
+            self.max_new = gr.Number(48, label="Max new tokens", precision=0, minimum=1,
+                                     maximum=lim.max_new_tokens, elem_id="max-new-tokens", min_width=110, scale=1)
+            self.policy = gr.Dropdown(st.POLICY_CHOICES, value="forwards", label="Lockstep: who steps next",
+                                      elem_id="policy", scale=3, min_width=220)
             self.metric = gr.Dropdown(st.METRIC_CHOICES, value="auto", label="Colour tokens by", elem_id="metric",
-                                      scale=2)
+                                      scale=2, min_width=160)
+            with gr.Column(scale=1, min_width=90, elem_classes=["lane-buttons"]):
+                self.add_btn = gr.Button("+ Lane", elem_id="add-lane", size="sm")
+                self.remove_btn = gr.Button("− Lane", elem_id="remove-lane", size="sm")
+            self.run_btn = gr.Button("▶ Run", variant="primary", elem_id="run", scale=2, min_width=120)
+            self.stop_btn = gr.Button("■ Stop", variant="stop", elem_id="stop", interactive=False, scale=1,
+                                      min_width=90)
         self.status = gr.HTML(status_html("Pick a preset or set up the lanes, then press Run."), elem_id="status")
 
         self.lane_count = gr.State(3)
@@ -158,7 +159,7 @@ class ComparePage:
                 self.lanes.append(self._build_lane(k, models))
 
         with gr.Row(elem_id="share-row", equal_height=True):
-            self.share_btn = gr.Button("🔗 Share", elem_id="share", scale=1)
+            self.share_btn = gr.Button("Share", elem_id="share", scale=1, min_width=110)
             self.share_link = gr.Textbox(label="Share link (replays this comparison without a model)",
                                          elem_id="share-link", interactive=False, scale=5, buttons=["copy"],
                                          placeholder="run a comparison, then press Share")
@@ -175,25 +176,30 @@ class ComparePage:
 
     def _build_lane(self, k: int, models: list[Any]) -> LaneUI:
         ui = LaneUI(k=k)
+        # Output first, settings folded below it: while lanes race, their text is what matters.
         with gr.Column(visible=k <= 3, elem_id=f"lane-{k}", elem_classes=["lane-card"], min_width=340) as col:
             ui.column = col
-            gr.HTML(f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k}</div>')
-            ui.decoder = gr.Dropdown(st.decoder_choices(), value="greedy", label="Decoder",
-                                     elem_id=f"lane-{k}-decoder", filterable=True)
+            with gr.Row(equal_height=True, elem_classes=["lane-head"]):
+                gr.HTML(f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k}</div>',
+                        min_width=70, elem_classes=["lane-title-box"])
+                ui.decoder = gr.Dropdown(st.decoder_choices(), value="greedy", show_label=False, container=False,
+                                         elem_id=f"lane-{k}-decoder", filterable=True, scale=4)
             ui.info = gr.Markdown(st.decoder_info_md("greedy"), elem_id=f"lane-{k}-info", elem_classes=["lane-info"])
-            with gr.Row():
-                ui.model = gr.Dropdown([st.SAME_MODEL] + models, value=st.SAME_MODEL, label="Lane model",
-                                       elem_id=f"lane-{k}-model", allow_custom_value=True, min_width=140)
-                ui.draft = gr.Dropdown(models, value=st.DEFAULT_DRAFT, label="Draft model", visible=False,
-                                       elem_id=f"lane-{k}-draft", allow_custom_value=True, min_width=140)
-            ui.knobs = gr.State({})
-            ui.nonce = gr.State(0)
-            self._knob_render(ui)
+            ui.stats = gr.HTML('<div class="lane-stats">—</div>', elem_id=f"lane-{k}-stats")
             ui.output = gr.HTML(_empty_output(k), elem_id=f"lane-{k}-output", elem_classes=["lane-output"],
-                                js_on_load=TOKEN_CLICK_JS, max_height=420, autoscroll=False)
+                                js_on_load=TOKEN_CLICK_JS, max_height=360, autoscroll=False)
             ui.legend = gr.HTML(visualizers.legend_html("probability"), elem_id=f"lane-{k}-legend",
                                 elem_classes=["lane-legend"])
-            ui.stats = gr.HTML('<div class="lane-stats">—</div>', elem_id=f"lane-{k}-stats")
+            ui.knobs = gr.State({})
+            ui.nonce = gr.State(0)
+            with gr.Accordion("Lane settings: model, draft, knobs", open=False, elem_id=f"lane-{k}-settings",
+                              elem_classes=["lane-settings"]):
+                with gr.Row():
+                    ui.model = gr.Dropdown([st.SAME_MODEL] + models, value=st.SAME_MODEL, label="Lane model",
+                                           elem_id=f"lane-{k}-model", allow_custom_value=True, min_width=140)
+                    ui.draft = gr.Dropdown(models, value=st.DEFAULT_DRAFT, label="Draft model", visible=False,
+                                           elem_id=f"lane-{k}-draft", allow_custom_value=True, min_width=140)
+                self._knob_render(ui)
         return ui
 
     def _knob_render(self, ui: LaneUI) -> None:
@@ -206,15 +212,15 @@ class ComparePage:
                 gr.Markdown("*no knobs*" if spec else "", elem_classes=["lane-info"])
                 return
             params = spec["params"]
-            with gr.Accordion(f"Knobs ({len(params)})", open=len(params) <= 4, elem_id=f"lane-{k}-knobs"):
+            with gr.Column(elem_id=f"lane-{k}-knobs"):
                 for name, p in params.items():
                     w = st.knob_widget(name, p, (knobs or {}).get(name))
                     comp = _WIDGETS[w.widget](**w.kwargs, elem_id=f"lane-{k}-knob-{name}",
                                               key=f"lane-{k}-{decoder}-{name}", interactive=True)
                     # .input (user edits only): a freshly rendered control reports nothing, so
                     # a re-render never races its predecessor's events.
-                    comp.input(partial(_set_knob, name), inputs=[comp, ui.knobs], outputs=[ui.knobs],
-                               show_progress="hidden", trigger_mode="always_last")
+                    comp.input(partial(_set_knob, name), inputs=[comp, ui.knobs, ui.decoder],
+                               outputs=[ui.knobs, ui.info], show_progress="hidden", trigger_mode="always_last")
 
     def _build_inspector(self, ui: LaneUI) -> None:
         with gr.Column(visible=ui.k <= 3, elem_id=f"inspect-{ui.k}", elem_classes=["inspect-col"],
@@ -281,7 +287,7 @@ class ComparePage:
                     ui.decoder: gr.update(value=cfg.decoder) if spec else gr.update(value=None),
                     ui.model: cfg.model or st.SAME_MODEL,
                     ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
-                    ui.info: st.decoder_info_md(cfg.decoder), ui.knobs: knobs, ui.nonce: nonce + j,
+                    ui.info: st.decoder_info_md(cfg.decoder, knobs), ui.knobs: knobs, ui.nonce: nonce + j,
                 })
             else:
                 up[ui.column] = gr.update(visible=False)
@@ -750,8 +756,9 @@ def _check_models_allowed() -> None:
 
 
 # ---------------------------------------------------------------------- small helpers
-def _set_knob(name: str, value: Any, knobs: dict[str, Any] | None) -> dict[str, Any]:
-    return {**(knobs or {}), name: value}
+def _set_knob(name: str, value: Any, knobs: dict[str, Any] | None, decoder: str) -> tuple[dict[str, Any], str]:
+    new = {**(knobs or {}), name: value}
+    return new, st.decoder_info_md(decoder, new)
 
 
 _WIDGETS: dict[str, Callable[..., Any]] = {

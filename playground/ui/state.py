@@ -54,11 +54,27 @@ def decoder_spec(name: str | None) -> dict[str, Any] | None:
     return decoder_specs().get(name or "")
 
 
-def decoder_info_md(name: str | None) -> str:
-    """A short markdown note on a decoder: its description, reference and flags."""
+def knob_summary(name: str | None, knobs: dict[str, Any] | None) -> str:
+    """The knobs that differ from their defaults, as ``k=20 · temperature=0.7``."""
+    s = decoder_spec(name)
+    if s is None or not knobs:
+        return ""
+    parts = []
+    for k, spec in s["params"].items():
+        if k in knobs and knobs[k] != spec["default"]:
+            v = knobs[k]
+            parts.append(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")
+    return " · ".join(parts)
+
+
+def decoder_info_md(name: str | None, knobs: dict[str, Any] | None = None) -> str:
+    """A short markdown note on a decoder: its description, reference and flags, and the
+    knobs set away from their defaults."""
     s = decoder_spec(name)
     if s is None:
-        return f"*unknown decoder {name!r}*" if name else ""
+        return f"*unknown decoder {_md_escape(name)}*" if name else ""
+    summary = knob_summary(name, knobs)
+    tail = f"\n\n**{_md_escape(summary)}**" if summary else ""
     flags = []
     if s["lossless"]:
         flags.append("lossless")
@@ -66,7 +82,7 @@ def decoder_info_md(name: str | None) -> str:
         flags.append("needs a draft model")
     flags.append(f"{s['kind']} model")
     ref = f" — *{_md_escape(s['reference'])}*" if s.get("reference") else ""
-    return f"{_md_escape(s['description'])}{ref} ({', '.join(flags)})"
+    return f"{_md_escape(s['description'])}{ref} ({', '.join(flags)}){tail}"
 
 
 def _md_escape(text: str) -> str:
