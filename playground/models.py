@@ -274,9 +274,9 @@ def _in_hf_cache(repo_id: str) -> bool:
 def list_cached_models() -> list[str]:
     """Hub ids of models found in the local Hugging Face cache (found offline)."""
     try:
-        from huggingface_hub import scan_cache_dir
+        from huggingface_hub import constants, scan_cache_dir
 
-        info = scan_cache_dir()
+        info = scan_cache_dir(constants.HF_HUB_CACHE)  # read at call time: HF_HUB_CACHE may change
     except Exception:
         return []
     return sorted(r.repo_id for r in info.repos if r.repo_type == "model")
