@@ -232,3 +232,24 @@ def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_pat
     out = sv.on_delete(sid)
     assert "Deleted" in out[1] and [r[4] for r in out[0]] == [new_sid]
     assert "no session" in sv.on_delete(sid)[1]
+
+
+def test_a_decoder_on_the_wrong_model_kind_is_a_lane_error(page, tiny, db):
+    final = list(page.on_run(None, *run_args(page, [("greedy", {}), ("llada", {})])))[-1]
+    assert "needs a diffusion model" in html_of(final, page.lanes[1].output)
+    assert len(final[page.traces][0]["output_ids"]) == 6
+
+
+def test_plot_pacer_keeps_plotting_a_small_share_of_the_time():
+    from playground.ui.compare import PlotPacer
+
+    t = [0.0]
+    pacer = PlotPacer(factor=5.0, clock=lambda: t[0])
+    assert not pacer.due("strip", 0.0)  # the first frames show text only
+    assert not pacer.due("strip", 1.0) and pacer.due("strip", 2.0)
+    t[0] = 2.0
+    with pacer.timed("strip"):
+        t[0] = 3.0  # that redraw cost one second
+    assert not pacer.due("strip", 7.0) and pacer.due("strip", 8.0)  # waits 5 x its cost
+    assert not pacer.due("lanes", 3.0)
+    assert pacer.due("lanes", 3.0 + pacer.BASE["lanes"])

@@ -425,6 +425,8 @@ class ComparePage:
         up = self.config_updates(page, preset=name)
         missing = [c.decoder for c in page["lanes"] if st.decoder_spec(c.decoder) is None]
         msg = f"Preset “{page['title']}” loaded — press Run."
+        if len(page["lanes"]) > self.max_lanes:
+            msg += f" (only its first {self.max_lanes} lanes: this instance allows {self.max_lanes})"
         if missing:
             msg += f" (decoders not available here: {', '.join(missing)})"
         up[self.status] = status_html(msg)
