@@ -174,6 +174,28 @@ def test_three_lane_preset_streams_and_the_inspector_follows(page):
     p.locator("#inspector").screenshot(path=str(SHOTS / "inspector.png"))
 
 
+def test_speculative_showdown_is_lossless_and_cheaper(page):
+    """All five lanes are lossless at temperature 0: the same text, fewer target forwards."""
+    p = page
+    load_preset(p, "Speculative showdown")
+    assert lanes_visible(p) == [1, 2, 3, 4, 5]
+    p.click("#run")
+    wait_idle(p)
+    texts = lane_texts(p, range(1, 6))
+    assert len(set(texts)) == 1 and texts[0]
+    forwards = [int(re.search(r"(\d+) target forwards", p.locator(f"#lane-{k}-stats").inner_text()).group(1))
+                for k in range(1, 6)]
+    assert all(f < forwards[0] for f in forwards[1:]), forwards
+    assert "agree" in p.locator("#divergence").inner_text()
+    tok = p.locator("#lane-2-output .tok").nth(10)
+    tok.click()
+    want = int(tok.get_attribute("data-step"))
+    p.wait_for_function(f"() => document.querySelector('#inspect-2-header').innerText.includes('step {want} of')")
+    p.wait_for_selector("#inspect-2-step-0 .main-svg")
+    time.sleep(1)
+    p.screenshot(path=str(SHOTS / "speculative-showdown.png"), full_page=True)
+
+
 def test_stop_stops_every_lane_and_keeps_their_output(page):
     p = page
     load_preset(p, PRESET)
