@@ -127,10 +127,16 @@ RECORD_JS = """
 
 
 # ---------------------------------------------------------------------- tests
-def test_three_lane_preset_streams_and_the_inspector_follows(page):
+def test_three_lane_preset_streams_and_the_inspector_follows(page, apps):
     p = page
     load_preset(p, PRESET)
     assert lanes_visible(p) == [1, 2, 3]
+    # A knob generated from the decoder's spec: open lane 3's settings and change top-p's p.
+    p.locator("#lane-3-settings").get_by_text("Lane settings").click()
+    knob = p.locator("#lane-3-knob-p input[type=number]")
+    knob.fill("0.5")
+    knob.press("Enter")
+    p.wait_for_function("() => document.querySelector('#lane-3-info').innerText.includes('p=0.5')")
     set_number(p, "max-new-tokens", 48)
     p.evaluate(RECORD_JS)  # records every lane's token count and stats at each DOM update
     p.click("#run")
@@ -149,6 +155,12 @@ def test_three_lane_preset_streams_and_the_inspector_follows(page):
     assert stats_live, "the stats line did not fill in while running"
     assert "Saved" in p.locator("#status").inner_text()
     p.screenshot(path=str(SHOTS / "compare-finished.png"), full_page=True)
+    from playground.store import Store
+
+    with Store(apps["db"]) as store:
+        newest = store.load_session(store.list_sessions()[0]["id"])
+    assert newest["settings"]["lanes"][2]["params"]["p"] == 0.5  # the knob reached the run
+    assert newest["runs"][2]["params"]["p"] == 0.5
 
     # The scrubber: moving it redraws every lane's step plots.
     last = step_value(p)

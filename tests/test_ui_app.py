@@ -253,3 +253,15 @@ def test_plot_pacer_keeps_plotting_a_small_share_of_the_time():
     assert not pacer.due("strip", 7.0) and pacer.due("strip", 8.0)  # waits 5 x its cost
     assert not pacer.due("lanes", 3.0)
     assert pacer.due("lanes", 3.0 + pacer.BASE["lanes"])
+
+
+def test_an_unexpected_failure_is_one_line_not_a_traceback(page, tiny, db, monkeypatch):
+    import playground.engine
+
+    def boom(*a, **k):
+        raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
+
+    monkeypatch.setattr(playground.engine, "load_model", boom)
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})])))
+    msg = html_of(frames[-1], page.status)
+    assert "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB" in msg and "\n" not in msg

@@ -629,6 +629,12 @@ class ComparePage:
             gr.Warning(str(e))
             yield {self.status: status_html(str(e), "error"), **self._idle_buttons()}
             return
+        except Exception as e:  # noqa: BLE001 - a bug shows as one line; the log has the traceback
+            log.exception("comparison failed")
+            msg = one_line(f"the comparison failed: {type(e).__name__}: {e}")
+            gr.Warning(msg)
+            yield {self.status: status_html(msg, "error"), **self._idle_buttons()}
+            return
         stopped = runner is not None and runner.cancelled
         sid, saved = None, ""
         if traces and any(t.get("steps") for t in traces):
@@ -712,10 +718,13 @@ def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int
         req = st.lane_request(cfg, model, prompt, seed, max_new_tokens)
         try:
             prepared.append(Lane(run=prepare(**req), label=cfg.decoder))
-        except PlaygroundError as e:
-            errors[j] = str(e)
-            prepared.append(Lane(error=str(e), label=cfg.decoder,
-                                 stub=error_trace(str(e), decoder=cfg.decoder, model=req["model"], prompt=prompt,
+        except Exception as e:  # noqa: BLE001 - a lane that cannot start must not take the page down
+            if not isinstance(e, PlaygroundError):
+                log.exception("lane %d (%s) could not be prepared", j + 1, cfg.decoder)
+            msg = str(e) if isinstance(e, PlaygroundError) else one_line(f"could not start: {type(e).__name__}: {e}")
+            errors[j] = msg
+            prepared.append(Lane(error=msg, label=cfg.decoder,
+                                 stub=error_trace(msg, decoder=cfg.decoder, model=req["model"], prompt=prompt,
                                                   params=cfg.params, seed=seed)))
     if errors and len(errors) == len(lanes) and len(set(errors.values())) == 1:
         raise PlaygroundError(next(iter(errors.values())))
@@ -804,6 +813,12 @@ def _insp_header(k: int, trace: dict[str, Any], step: int, count: int) -> str:
         kind = f" · {_esc(steps[step].get('kind', ''))} step"
     return (f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k} · {dec}'
             f'<span class="insp-where">{where}{kind}</span></div>')
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, shortened to ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _md_text(text: str) -> str:
