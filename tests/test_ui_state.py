@@ -115,7 +115,7 @@ def test_share_url_and_titles():
     assert st.share_url("http://127.0.0.1:7860/", "abc") == "http://127.0.0.1:7860/?session=abc"
     lanes = [st.LaneConfig("greedy"), st.LaneConfig("beam")]
     assert st.session_title(lanes) == "greedy vs beam"
-    assert st.session_title(lanes, "Preset") == "Preset — greedy vs beam"
+    assert st.session_title(lanes, "Preset") == "Preset"
 
 
 def test_knob_summary_lists_only_changed_knobs_and_is_escaped():

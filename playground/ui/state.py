@@ -277,8 +277,7 @@ def session_settings(model: str, seed: int, max_new_tokens: int, policy: str, me
 
 def session_title(lanes: list[LaneConfig], preset_title: str | None = None) -> str:
     """A title for an automatic save: the preset's, or the decoders side by side."""
-    names = " vs ".join(c.decoder for c in lanes)
-    return f"{preset_title} — {names}" if preset_title else names
+    return preset_title or " vs ".join(c.decoder for c in lanes)  # the list shows the decoders anyway
 
 
 def session_page(session: dict[str, Any]) -> dict[str, Any]:
