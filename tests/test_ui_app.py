@@ -265,3 +265,17 @@ def test_an_unexpected_failure_is_one_line_not_a_traceback(page, tiny, db, monke
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})])))
     msg = html_of(frames[-1], page.status)
     assert "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB" in msg and "\n" not in msg
+
+
+def test_streamed_outputs_grow_by_appending(page, tiny, db, monkeypatch):
+    """While streaming, each frame of a token lane extends the previous one (Gradio then
+    sends only the new tokens); the final frame is complete HTML."""
+    import playground.ui.compare as compare
+
+    monkeypatch.setattr(compare, "STREAM_RATE", 0)  # a frame after every step, however fast
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
+    outs = [raw_of(f, page.lanes[0].output) for f in frames if page.lanes[0].output in f]
+    live = [o for o in outs[:-1] if 'class="tok"' in o]
+    assert len(live) >= 2
+    assert all(b.startswith(a) for a, b in zip(live, live[1:]))
+    assert outs[-1].endswith("</div>") and outs[-1].count('class="tok"') == 12

@@ -295,7 +295,7 @@ class ComparePage:
 
     def result_updates(self, traces: list[dict[str, Any]], metric: str, step: int | None = None,
                        plots: bool = True, status: str | None = None, sid: Any = None,
-                       lane_errors: dict[int, str] | None = None) -> dict[Any, Any]:
+                       lane_errors: dict[int, str] | None = None, live: bool = False) -> dict[Any, Any]:
         """Updates that show ``traces`` (lane outputs, stats and, with ``plots``, the inspector)."""
         up: dict[Any, Any] = {self.traces: traces}
         if status is not None:
@@ -305,19 +305,25 @@ class ComparePage:
         for j, ui in enumerate(self.lanes):
             if j >= len(traces):
                 continue
-            up.update(self.lane_updates(j, traces[j], metric, (lane_errors or {}).get(j)))
+            up.update(self.lane_updates(j, traces[j], metric, (lane_errors or {}).get(j), live=live))
         if plots:
             up.update(self.inspector_updates(traces, step))
         return up
 
-    def lane_updates(self, j: int, trace: dict[str, Any], metric: str, error: str | None = None) -> dict[Any, Any]:
-        """Output, legend and stats of lane ``j`` (0-based)."""
+    def lane_updates(self, j: int, trace: dict[str, Any], metric: str, error: str | None = None,
+                     live: bool = False) -> dict[Any, Any]:
+        """Output, legend and stats of lane ``j`` (0-based); ``live`` while streaming."""
         ui = self.lanes[j]
         m = st.auto_metric(trace, metric)
         err = error or (trace.get("stats") or {}).get("error")
         body = visualizers.tokens_html(trace, m, lane=ui.k)
         if err:
             body = error_html(err) + body
+        if live and body.endswith("</div>"):
+            # Gradio streams a string that extends the previous one as an append; without
+            # the closing tag (the browser closes it) a growing output is sent token by
+            # token instead of in full ten times a second.
+            body = body[: -len("</div>")]
         return {ui.output: body, ui.legend: visualizers.legend_html(m),
                 ui.stats: f'<div class="lane-stats">{visualizers.stats_line(trace) or "—"}</div>'}
 
@@ -615,7 +621,7 @@ class ComparePage:
                 now = time.perf_counter()
                 running = sum(1 for t in traces if not t.get("done"))
                 up = self.result_updates(
-                    traces, metric, plots=False,
+                    traces, metric, plots=False, live=True,
                     status=status_html(f"Running… {running} of {len(traces)} lanes still decoding "
                                        f"({now - started:.1f} s)"))
                 if pacer.due("lanes", now):
