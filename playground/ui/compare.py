@@ -6,9 +6,10 @@ Element ids are a contract (ARCHITECTURE.md, "UI"): ``#model``, ``#prompt``, ``#
 ``#share-link``.
 
 How the page stays light: while a comparison runs, the Run handler (a generator) streams
-each lane's coloured text and stats at the runner's rate (about 10 per second) and refreshes
-the plots only about once a second; the inspector redraws on scrubber moves and when the run
-ends. Lane knobs are rendered from the decoder's parameter spec with ``gr.render`` and kept
+each lane's coloured text and stats at the runner's rate (about 10 per second, each frame
+only appending the new tokens), the comparison strip every few seconds and the per-lane
+plots more rarely (:class:`PlotPacer` keeps drawing under about an eighth of the time); the
+inspector redraws in full on scrubber moves and when the run ends. Lane knobs are rendered from the decoder's parameter spec with ``gr.render`` and kept
 in one ``gr.State`` dict per lane.
 """
 
@@ -295,7 +296,7 @@ class ComparePage:
 
     def result_updates(self, traces: list[dict[str, Any]], metric: str, step: int | None = None,
                        plots: bool = True, status: str | None = None, sid: Any = None,
-                       lane_errors: dict[int, str] | None = None, live: bool = False) -> dict[Any, Any]:
+                       live: bool = False) -> dict[Any, Any]:
         """Updates that show ``traces`` (lane outputs, stats and, with ``plots``, the inspector)."""
         up: dict[Any, Any] = {self.traces: traces}
         if status is not None:
@@ -305,17 +306,16 @@ class ComparePage:
         for j, ui in enumerate(self.lanes):
             if j >= len(traces):
                 continue
-            up.update(self.lane_updates(j, traces[j], metric, (lane_errors or {}).get(j), live=live))
+            up.update(self.lane_updates(j, traces[j], metric, live=live))
         if plots:
             up.update(self.inspector_updates(traces, step))
         return up
 
-    def lane_updates(self, j: int, trace: dict[str, Any], metric: str, error: str | None = None,
-                     live: bool = False) -> dict[Any, Any]:
+    def lane_updates(self, j: int, trace: dict[str, Any], metric: str, live: bool = False) -> dict[Any, Any]:
         """Output, legend and stats of lane ``j`` (0-based); ``live`` while streaming."""
         ui = self.lanes[j]
         m = st.auto_metric(trace, metric)
-        err = error or (trace.get("stats") or {}).get("error")
+        err = (trace.get("stats") or {}).get("error")
         body = visualizers.tokens_html(trace, m, lane=ui.k)
         if err:
             body = error_html(err) + body
