@@ -8,15 +8,15 @@ One file, read top to bottom (nanoGPT spirit):
                  <|endoftext|> (eos, also bos), <|mask|> and <|pad|>, saved as a HF fast tokenizer;
   3. target   -- `tiny-shakespeare`, a Llama-style causal LM (LlamaForCausalLM);
   4. draft    -- `tiny-shakespeare-draft`, a ~7x smaller Llama, distilled from the target's logits;
-  5. diffusion -- `tiny-shakespeare-diffusion`, a bidirectional BertForMaskedLM trained with the
-                 MDLM / LLaDA masked-diffusion objective.
+  5. diffusion -- `tiny-shakespeare-diffusion`, a bidirectional ModernBertForMaskedLM trained with
+                 the MDLM / LLaDA masked-diffusion objective.
 
 Every model stage checkpoints to --ckpt-dir and can be resumed with --resume; after training it
 writes a Hugging Face model directory (config with "playground_kind", model.safetensors, the shared
 tokenizer files) and a model card + eval.json computed by playground.tiny_eval.
 
     python -m playground.train_tiny --threads 2                 # everything, into assets/models
-    python -m playground.train_tiny --only draft --resume       # continue the draft from its checkpoint
+    python -m playground.train_tiny --only draft --resume       # continue from its checkpoint
     python -m playground.train_tiny --smoke --out /tmp/tiny     # seconds; what the tests run
 """
 
@@ -66,23 +66,29 @@ RECIPES = {
     "target": dict(
         arch=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4,
                   num_attention_heads=3, num_key_value_heads=3),
-        steps=800, batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup=40,
+        steps=700, batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup=40,
         weight_decay=0.1,
     ),
     "draft": dict(
         arch=dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=2),
-        steps=500, batch_size=8, seq_len=256, lr=3e-3, min_lr=3e-4, warmup=40,
+        steps=400, batch_size=8, seq_len=256, lr=3e-3, min_lr=3e-4, warmup=40,
         weight_decay=0.1,
         distill=0.5,  # loss = (1-a) * CE(data) + a * KL(target || draft); 0 = no distillation
     ),
     "diffusion": dict(
-        arch=dict(hidden_size=192, intermediate_size=768, num_hidden_layers=4,
-                  num_attention_heads=3),
-        steps=1000, batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup=40,
+        # Sliding-window (+-8 tokens) attention in the first two layers: with only full attention
+        # (BertForMaskedLM, or ModernBERT with global layers) the model sat on the unigram
+        # plateau for 700+ steps (masked accuracy = unigram baseline); local layers make
+        # neighbouring tokens visible from the start and it learns within 50 steps.
+        arch=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                  num_attention_heads=3, local_attention=16,
+                  layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                               "full_attention"]),
+        steps=1800, batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup=40,
         weight_decay=0.1,
         eps=1e-3,           # t ~ U(eps, 1)
-        prefix_share=0.25,  # share of sequences trained as "clean prefix, masked suffix" (LLaDA SFT)
+        prefix_share=0.25,  # share of "clean prefix, masked suffix" sequences (LLaDA SFT style)
     ),
 }
 
@@ -95,11 +101,12 @@ SMOKE = {
     "draft": dict(arch=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                             num_attention_heads=1, num_key_value_heads=1),
                   steps=4, batch_size=4, seq_len=64, warmup=1),
-    "diffusion": dict(arch=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                num_attention_heads=2),
+    "diffusion": dict(arch=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=2, local_attention=16,
+                                layer_types=["sliding_attention", "full_attention"]),
                       steps=4, batch_size=4, seq_len=64, warmup=1),
 }
-SMOKE_CORPUS_CHARS = 60_000  # per split, taken from the first works
+SMOKE_CORPUS_CHARS = 40_000  # per split, taken from the first works
 MAX_POSITIONS = 512
 
 
@@ -184,7 +191,7 @@ def load_tokenizer(out: Path):
 
 
 def build_model(stage: str, arch: dict, tokenizer):
-    from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, ModernBertConfig, ModernBertForMaskedLM
 
     ids = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id)
@@ -193,10 +200,13 @@ def build_model(stage: str, arch: dict, tokenizer):
                              tie_word_embeddings=True, **ids, **arch)
         model = LlamaForCausalLM(config)
     else:
-        config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS,
-                            type_vocab_size=2, hidden_dropout_prob=0.0,
-                            attention_probs_dropout_prob=0.0, **ids, **arch)
-        model = BertForMaskedLM(config)
+        # pre-norm, RoPE, GeGLU, no token_type_ids; every special id is one of ours
+        config = ModernBertConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS,
+                                  cls_token_id=tokenizer.eos_token_id,
+                                  sep_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+                                  attention_dropout=0.0, mlp_dropout=0.0, embedding_dropout=0.0,
+                                  **ids, **arch)
+        model = ModernBertForMaskedLM(config)
     model.config.playground_kind = KINDS[stage]
     return model
 
@@ -238,8 +248,8 @@ def diffusion_loss(model, batch, mask_id: int, gen: torch.Generator, eps=1e-3, p
     maskable &= ~(prefix_rows[:, None] & (torch.arange(T)[None, :] < prefix_len[:, None]))
     masked = (torch.rand(B, T, generator=gen) < t[:, None]) & maskable
     xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
-    hidden = model.bert(input_ids=xt).last_hidden_state
-    logits = model.cls(hidden[masked]).float()  # LM head only where needed
+    hidden = model.model(input_ids=xt).last_hidden_state
+    logits = model.decoder(model.head(hidden[masked])).float()  # LM head only where needed
     ce = F.cross_entropy(logits, x0[masked], reduction="none")
     weights = (1.0 / t)[:, None].expand(B, T)[masked]
     return (ce * weights).sum() / maskable.sum()
@@ -253,24 +263,31 @@ def lr_at(step: int, r: dict) -> float:
 
 
 class Progress:
-    """tqdm bar on a terminal, a plain line every `every` steps in a log file."""
+    """tqdm bar on a terminal, a plain line every `every` steps in a log file; shows the loss
+    (smoothed) and tokens/s (over the last few steps)."""
 
     def __init__(self, name: str, total: int, start: int, every: int = 25):
-        self.tty, self.every, self.name = sys.stderr.isatty(), every, name
+        self.every, self.name, self.total = every, name, total
         self.bar = None
-        if self.tty:
+        if sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=start, desc=name, dynamic_ncols=True)
-        self.total = total
+        self.loss = None
+        self.window_tokens, self.window_start = 0, time.time()
 
-    def update(self, step: int, loss: float, tok_s: float, lr: float):
+    def update(self, step: int, loss: float, tokens: int, lr: float):
+        self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * loss
+        self.window_tokens += tokens
+        tok_s = self.window_tokens / max(time.time() - self.window_start, 1e-9)
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}", lr=f"{lr:.1e}")
+            self.bar.set_postfix(loss=f"{self.loss:.3f}", tok_s=f"{tok_s:.0f}", lr=f"{lr:.1e}")
         elif step % self.every == 0 or step == self.total:
-            print(f"[{self.name}] step {step}/{self.total} loss {loss:.4f} "
+            print(f"[{self.name}] step {step}/{self.total} loss {self.loss:.4f} "
                   f"{tok_s:.0f} tok/s lr {lr:.2e}", flush=True)
+        if step % self.every == 0:
+            self.window_tokens, self.window_start = 0, time.time()
 
     def close(self):
         if self.bar is not None:
@@ -304,6 +321,7 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
         os.replace(tmp, ckpt)
 
     amp = args.bf16
+    loads: list[float] = []  # machine load during training, for the card
     model.train()
     bar = Progress(stage, r["steps"], step)
     t_last = time.time()
@@ -324,9 +342,10 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
         step += 1
         tokens_seen += r["batch_size"] * r["seq_len"]
         now = time.time()
-        dt, t_last = now - t_last, now
-        elapsed += dt
-        bar.update(step, loss.item(), r["batch_size"] * r["seq_len"] / max(dt, 1e-9), lr)
+        elapsed, t_last = elapsed + (now - t_last), now
+        bar.update(step, loss.item(), r["batch_size"] * r["seq_len"], lr)
+        if step % 10 == 0 and hasattr(os, "getloadavg"):
+            loads.append(os.getloadavg()[0])
         if step % args.ckpt_every == 0 or step == r["steps"]:
             save_ckpt()
     bar.close()
@@ -334,7 +353,9 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
     return dict(steps=step, batch_size=r["batch_size"], seq_len=r["seq_len"],
                 tokens_seen=tokens_seen, train_seconds=round(elapsed, 1), lr=r["lr"],
                 min_lr=r["min_lr"], warmup=r["warmup"], weight_decay=r["weight_decay"],
-                bf16_autocast=bool(amp))
+                bf16_autocast=bool(amp),
+                mean_load_avg=round(sum(loads) / len(loads), 2) if loads else None,
+                cpu_shared=bool(loads) and sum(loads) / len(loads) > torch.get_num_threads() + 0.5)
 
 
 def save_model(stage: str, model, tokenizer, out: Path) -> Path:
@@ -343,11 +364,6 @@ def save_model(stage: str, model, tokenizer, out: Path) -> Path:
     for p in (tmp, old):
         shutil.rmtree(p, ignore_errors=True)
     tmp.mkdir(parents=True)
-    if stage == "diffusion":
-        # token_type_ids are harmless: both rows of the type embedding are the trained row 0
-        with torch.no_grad():
-            emb = model.bert.embeddings.token_type_embeddings.weight
-            emb[1:] = emb[0]
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     # swap the finished directory in (others may be loading the previous one meanwhile)
@@ -372,6 +388,14 @@ def hardware(threads: int) -> str:
     except OSError:
         pass
     return f"{threads}-core CPU ({name}), torch {torch.__version__}"
+
+
+def cpu_has_bf16() -> bool:
+    """bf16 autocast pays off only with native bf16 (AVX512-BF16 / AMX); elsewhere it is slower."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:
+        return False
 
 
 def parse_only(values) -> list[str]:
@@ -400,6 +424,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
                         help="resume from the checkpoints in --ckpt-dir (or in DIR)")
     parser.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints")
+    parser.add_argument("--lr", type=float, help="override the peak learning rate (min = lr/10)")
     parser.add_argument("--distill", type=float,
                         help="draft: weight of KL(target || draft) in the loss (default 0.5)")
     parser.add_argument("--prefix-share", type=float,
@@ -411,6 +436,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train in plain fp32 (default: bf16 autocast where the CPU has it)")
     parser.add_argument("--no-eval", dest="eval", action="store_false",
                         help="skip the validation figures / model card")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="no training: recompute eval.json and README.md of the models in "
+                             "--out (keeps their recorded training facts)")
     parser.set_defaults(bf16=None, eval=True)
 
 
@@ -422,6 +450,8 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
 
     stages = parse_only(args.only)
+    if getattr(args, "eval_only", False):
+        stages = [s for s in stages if s != "tokenizer"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(args.resume, str):
@@ -431,7 +461,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     if args.bf16 is None:
-        args.bf16 = bool(torch.cpu._is_avx512_bf16_supported()) and not args.smoke
+        args.bf16 = cpu_has_bf16() and not args.smoke
     torch.manual_seed(args.seed)
 
     t0 = time.time()
@@ -448,12 +478,21 @@ def run(args: argparse.Namespace) -> int:
     val_ids = torch.from_numpy(encode_docs(tokenizer, val_docs))
     print(f"[data] train {len(train_ids):,} tokens, validation {len(val_ids):,} tokens", flush=True)
     eval_windows = tiny_eval.SMOKE_WINDOWS if args.smoke else tiny_eval.CARD_WINDOWS
+    sample_tokens = 4 if args.smoke else tiny_eval.SAMPLE_TOKENS
 
     for stage in stages[stages.index("tokenizer") + 1 if "tokenizer" in stages else 0:]:
         r = recipe(stage, args.smoke)
+        if getattr(args, "eval_only", False):
+            facts = json.loads((out / NAMES[stage] / "eval.json").read_text())["training"]
+            figures = tiny_eval.evaluate(stage, out, val_ids, train_ids, facts,
+                                         n_windows=eval_windows, sample_tokens=sample_tokens)
+            print(f"[{stage}] {json.dumps(figures['figures'])}", flush=True)
+            continue
         if args.steps:
             r["steps"] = args.steps
             r["warmup"] = min(r["warmup"], max(1, args.steps // 10))
+        if getattr(args, "lr", None):
+            r["lr"], r["min_lr"] = args.lr, args.lr / 10
         if stage == "draft" and args.distill is not None:
             r["distill"] = args.distill
         if stage == "diffusion" and args.prefix_share is not None:
@@ -481,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{stage}] saved {path} ({facts['train_seconds']:.0f}s training)", flush=True)
         if args.eval:
             figures = tiny_eval.evaluate(stage, out, val_ids, train_ids, facts,
-                                         n_windows=eval_windows)
+                                         n_windows=eval_windows, sample_tokens=sample_tokens)
             print(f"[{stage}] {json.dumps(figures['figures'])}", flush=True)
     print(f"[done] {time.time() - t0:.0f}s", flush=True)
     return 0
