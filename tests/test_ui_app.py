@@ -279,3 +279,39 @@ def test_streamed_outputs_grow_by_appending(page, tiny, db, monkeypatch):
     assert len(live) >= 2
     assert all(b.startswith(a) for a, b in zip(live, live[1:]))
     assert outs[-1].endswith("</div>") and outs[-1].count('class="tok"') == 12
+
+
+def test_a_tokenizer_that_produces_script_tokens_is_escaped_on_the_page(page, db, monkeypatch):
+    """A real tokenizer whose tokens include ``<script>`` and an ``<img onerror>``: the model is
+    steered to emit them, and the page shows them as text."""
+    from transformers import LlamaForCausalLM
+
+    import playground.engine
+    from conftest import build_llama, build_tokenizer
+    from playground.models import handle_from_model
+
+    tok = build_tokenizer()
+    tok.add_tokens(["<script>alert(1)</script>", "<img src=x onerror=alert(2)>"])
+    evil_ids = tok.convert_tokens_to_ids(["<script>alert(1)</script>", "<img src=x onerror=alert(2)>"])
+
+    class Steered(LlamaForCausalLM):
+        def forward(self, *a, **k):
+            out = super().forward(*a, **k)
+            out.logits[..., evil_ids[0]] += 50.0
+            out.logits[..., evil_ids[1]] += 49.0
+            return out
+
+    base = build_llama(tok)
+    model = Steered(base.config).eval()
+    model.load_state_dict(base.state_dict())
+    handle = handle_from_model(model, tok, name="steered")
+    monkeypatch.setattr(playground.engine, "load_model", lambda spec, **kw: handle)
+    final = list(page.on_run(None, *run_args(page, [("greedy", {}), ("top_k", {"k": 5})], max_new=4)))[-1]
+    traces = final[page.traces]
+    assert evil_ids[0] in traces[0]["output_ids"]
+    for ui in page.lanes[:2]:
+        out = raw_of(final, ui.output)
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in out
+        assert "<script" not in out and "<img" not in out
+    figures = [v["value"] for v in final.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
+    assert figures and all("<script" not in f.to_json() for f in figures)
