@@ -160,7 +160,6 @@ def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
 
 def train_tokenizer(train_docs: list[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     # Byte-level: every string is representable, decode(encode(s)) == s, no prefix space added.
@@ -171,6 +170,13 @@ def train_tokenizer(train_docs: list[str], vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(train_docs, trainer=trainer)
+    return hf_tokenizer(tok)
+
+
+def hf_tokenizer(tok):
+    """Wrap a `tokenizers.Tokenizer` as the HF fast tokenizer saved with every model."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=PAD, mask_token=MASK,
         clean_up_tokenization_spaces=False, model_input_names=["input_ids", "attention_mask"],
@@ -178,12 +184,12 @@ def train_tokenizer(train_docs: list[str], vocab_size: int):
 
 
 def load_tokenizer(out: Path):
-    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
 
-    path = out / NAMES["target"]
-    if not (path / "tokenizer.json").exists():
-        raise SystemExit(f"no tokenizer in {path}: run with --only tokenizer first")
-    return AutoTokenizer.from_pretrained(path)
+    path = out / NAMES["target"] / "tokenizer.json"
+    if not path.exists():
+        raise SystemExit(f"no tokenizer at {path}: run with --only tokenizer first")
+    return hf_tokenizer(Tokenizer.from_file(str(path)))
 
 
 # ----------------------------------------------------------------------------------------------

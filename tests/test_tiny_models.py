@@ -43,8 +43,9 @@ def test_bundled_files_and_size():
 
 
 def test_share_one_tokenizer(tokenizers):
-    texts = {(MODELS / n / "tokenizer.json").read_text() for n in ALL}
-    assert len(texts) == 1, "the three models must ship the same tokenizer.json"
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        texts = {(MODELS / n / f).read_text() for n in ALL}
+        assert len(texts) == 1, f"the three models must ship the same {f}"
     vocabs = [t.get_vocab() for t in tokenizers.values()]
     assert all(v == vocabs[0] for v in vocabs)
     for tok in tokenizers.values():
@@ -169,5 +170,6 @@ def test_model_card_figures_reproduce(corpus, stage):
         assert f["agreement_top1"] >= 0.5
         assert f["target_val_perplexity"] < 0.9 * f["val_perplexity"]
     if stage == "diffusion":
-        for r in (15, 50, 90):
-            assert f[f"masked_acc_{r}"] > f[f"unigram_acc_{r}"] + 0.05
+        for r in (15, 50, 90):  # the unigram baseline predicts the most frequent token
+            assert f[f"masked_acc_{r}"] > 1.15 * f[f"unigram_acc_{r}"]
+            assert f[f"masked_ce_{r}"] < f[f"unigram_ce_{r}"] - 0.1
