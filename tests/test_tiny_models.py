@@ -93,7 +93,9 @@ def test_diffusion_model_loads_offline_and_unmasks(tokenizers):
     ids = torch.tensor([enc["input_ids"] + [tok.mask_token_id] * 8])
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        with_types = model(input_ids=ids, token_type_ids=torch.ones_like(ids)).logits
     assert logits.shape == (1, ids.shape[1], len(tok))
+    assert torch.allclose(logits, with_types), "token_type_ids must be harmless"
     text = tiny_eval.diffusion_generate(model, tok, "HAMLET.\n", n_new=4)
     assert isinstance(text, str) and "<|mask|>" not in text
 
