@@ -11,6 +11,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread; on a shared 2-core machine extra threads only spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 SAMPLE_TEXT = (
     "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n"
     "JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father and refuse thy name.\n"

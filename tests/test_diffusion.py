@@ -30,15 +30,6 @@ def build_bert(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2):
     return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared machine threads contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def mlm(tokenizer):
     return handle_from_model(build_bert(tokenizer), tokenizer, name="tiny-bert")

@@ -32,15 +32,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (on a shared machine, extra threads only spin)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------- models
 def build_varied_llama(tokenizer, seed: int = 0, layers: int = 3, hidden: int = 48, noise_from=None,
                        noise: float = 0.0):

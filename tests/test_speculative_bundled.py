@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from playground.engine import prepare
 
@@ -28,14 +27,6 @@ PROMPTS = [
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n",
     "[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter",  # repetitive
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

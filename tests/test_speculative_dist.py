@@ -24,14 +24,6 @@ N_TOKENS = 3
 CHAIN = {"temperature": 1.0, "top_k": 4}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def models(tokenizer):
     target = handle_from_model(build_varied_llama(tokenizer, seed=2), tokenizer, name="t")
