@@ -68,15 +68,6 @@ def html_of(up, comp):
     return html.unescape(raw_of(up, comp))
 
 
-def test_the_streaming_event_carries_no_plots(page):
-    """Every output of a streaming event is touched by the browser on each frame: plots
-    live in a separate event, or four lanes stream ten times slower."""
-    import gradio as gr
-
-    assert not any(isinstance(c, gr.Plot) for c in page.result_outputs())
-    assert sum(isinstance(c, gr.Plot) for c in page.inspector_outputs()) == 1 + 7 * page.max_lanes
-
-
 def test_contract_element_ids_exist(demo):
     ids = {getattr(b, "elem_id", None) for b in demo.blocks.values()}
     assert set(CONTRACT_IDS) <= ids
@@ -92,12 +83,6 @@ def test_run_streams_and_saves_the_session(page, tiny, db):
     assert traces[0]["output_ids"] == traces[1]["output_ids"] and len(traces[0]["output_ids"]) == 6
     assert 'class="tok"' in html_of(final, page.lanes[0].output)
     assert "6 tokens" in html_of(final, page.lanes[1].stats)
-    # The final frame asks the plot event for a full redraw of the inspector.
-    assert final[page.plot_tick]["kind"] == "final"
-    plots = page.on_plots(traces, final[page.plot_tick])
-    assert plots[page.step]["maximum"] == 5 and plots[page.step]["value"] == 5
-    assert plots[page.lanes[0].step_plots[0]]["visible"] is True
-    assert plots[page.lanes[2].insp_column]["visible"] is False
     sid = final[page.sid]
     from playground.store import default_store
 
@@ -258,15 +243,16 @@ def test_a_decoder_on_the_wrong_model_kind_is_a_lane_error(page, tiny, db):
 def test_plot_pacer_keeps_plotting_a_small_share_of_the_time():
     from playground.ui.compare import PlotPacer
 
-    pacer = PlotPacer(factor=5.0)
+    t = [0.0]
+    pacer = PlotPacer(factor=5.0, clock=lambda: t[0])
     assert not pacer.due("strip", 0.0)  # the first frames show text only
     assert not pacer.due("strip", 1.0) and pacer.due("strip", 2.0)
-    pacer.mark("strip", 2.0)
-    pacer.cost["strip"] = 1.0  # that redraw cost one second
-    assert not pacer.due("strip", 6.5) and pacer.due("strip", 7.0)  # waits 5 x its cost
-    assert not pacer.due("lanes", 7.0)
-    pacer.mark("lanes", 7.0 + pacer.BASE["lanes"])
-    assert not pacer.due("strip", 7.5 + pacer.BASE["lanes"])  # a lanes redraw includes the strip
+    t[0] = 2.0
+    with pacer.timed("strip"):
+        t[0] = 3.0  # that redraw cost one second
+    assert not pacer.due("strip", 7.0) and pacer.due("strip", 8.0)  # waits 5 x its cost
+    assert not pacer.due("lanes", 3.0)
+    assert pacer.due("lanes", 3.0 + pacer.BASE["lanes"])
 
 
 def test_an_unexpected_failure_is_one_line_not_a_traceback(page, tiny, db, monkeypatch):
@@ -327,6 +313,5 @@ def test_a_tokenizer_that_produces_script_tokens_is_escaped_on_the_page(page, db
         out = raw_of(final, ui.output)
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in out
         assert "<script" not in out and "<img" not in out
-    plots = page.on_plots(final[page.traces], final[page.plot_tick])
-    figures = [v["value"] for v in plots.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
+    figures = [v["value"] for v in final.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
     assert figures and all("<script" not in f.to_json() for f in figures)

@@ -6,11 +6,10 @@ Element ids are a contract (ARCHITECTURE.md, "UI"): ``#model``, ``#prompt``, ``#
 ``#share-link``.
 
 How the page stays light: while a comparison runs, the Run handler (a generator) streams
-only each lane's coloured text and stats, at the runner's rate (about 10 per second, each
-frame appending just the new tokens). Plots are drawn by a separate event that the stream
-triggers through ``plot_tick``: the comparison strip every few seconds, the per-lane plots
-more rarely (:class:`PlotPacer` keeps drawing under about an eighth of the time), everything
-when the run ends, and each lane's step plots on scrubber moves. Lane knobs are rendered from the decoder's parameter spec with ``gr.render`` and kept
+each lane's coloured text and stats at the runner's rate (about 10 per second, each frame
+only appending the new tokens), the comparison strip every few seconds and the per-lane
+plots more rarely (:class:`PlotPacer` keeps drawing under about an eighth of the time); the
+inspector redraws in full on scrubber moves and when the run ends. Lane knobs are rendered from the decoder's parameter spec with ``gr.render`` and kept
 in one ``gr.State`` dict per lane.
 """
 
@@ -42,9 +41,6 @@ DEFAULT_PRESETS = ("speculative-showdown", "greedy-beam-sampling")  # what a fir
 # the Stop click is a separate event, possibly on another worker thread.
 _RUNNERS: dict[str, Any] = {}
 _RUNNERS_LOCK = threading.Lock()
-# What the last plot redraws of a session cost (session hash -> kind -> seconds), measured by
-# the plot event and read by the Run stream's pacer.
-_PLOT_COST: dict[str, dict[str, float]] = {}
 
 TOKEN_CLICK_JS = """
 element.addEventListener('click', (ev) => {
@@ -158,7 +154,6 @@ class ComparePage:
         self.traces = gr.State([])
         self.sid = gr.State(None)
         self.preset_state = gr.State(None)
-        self.plot_tick = gr.State(None)  # bumped by the Run stream to ask for a plot redraw
 
         with gr.Row(elem_id="lanes", equal_height=False):
             for k in range(1, self.max_lanes + 1):
@@ -250,24 +245,12 @@ class ComparePage:
         return out
 
     def result_outputs(self) -> list[Any]:
-        """What the streaming Run handler updates: status, traces, each lane's text and stats.
-
-        The inspector is deliberately *not* among them: every output of a streaming event is
-        touched by the browser on every frame, and with the ~80 plot slots in the list a
-        four-lane run spent ten times longer in the browser than in decoding. Plots are
-        redrawn by a separate event (:meth:`on_plots`) that the stream triggers through
-        ``plot_tick``.
-        """
-        out: list[Any] = [self.status, self.traces, self.sid, self.share_link]
+        """Everything that shows the results of a comparison."""
+        out: list[Any] = [self.status, self.traces, self.sid, self.share_link, self.step, self.progress_plot,
+                          self.divergence]
         for ui in self.lanes:
-            out += [ui.output, ui.legend, ui.stats]
-        return out
-
-    def inspector_outputs(self) -> list[Any]:
-        """The scrubber, the comparison strip and every lane's plots."""
-        out: list[Any] = [self.step, self.progress_plot, self.divergence]
-        for ui in self.lanes:
-            out += [ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots, ui.run_html, *ui.run_plots]
+            out += [ui.output, ui.legend, ui.stats, ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots,
+                    ui.run_html, *ui.run_plots]
         return out
 
     def step_outputs(self) -> list[Any]:
@@ -279,8 +262,7 @@ class ComparePage:
 
     def page_outputs(self) -> list[Any]:
         """Configuration and results together (page load, opening a session)."""
-        return (self.lane_config_outputs() + self.result_outputs() + self.inspector_outputs()
-                + [self.run_btn, self.stop_btn, self.preset])
+        return self.lane_config_outputs() + self.result_outputs() + [self.run_btn, self.stop_btn, self.preset]
 
     # ================================================================== update builders
     def config_updates(self, page: dict[str, Any], preset: str | None = None) -> dict[Any, Any]:
@@ -418,13 +400,11 @@ class ComparePage:
                       self.lane_count, self.preset_state]
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
-        run_outputs = self.result_outputs() + [self.plot_tick, self.run_btn, self.stop_btn]
-        self.run_event = self.run_btn.click(self.on_run, run_inputs, run_outputs, show_progress="hidden",
-                                            **model_event_settings())
-        self.prompt.submit(self.on_run, run_inputs, run_outputs, show_progress="hidden", **model_event_settings())
-        # always_last: while a redraw runs, further ticks collapse into one.
-        self.plot_tick.change(self.on_plots, [self.traces, self.plot_tick], self.inspector_outputs(),
-                              show_progress="hidden", trigger_mode="always_last")
+        self.run_event = self.run_btn.click(
+            self.on_run, run_inputs, self.result_outputs() + [self.run_btn, self.stop_btn],
+            show_progress="hidden", **model_event_settings())
+        self.prompt.submit(self.on_run, run_inputs, self.result_outputs() + [self.run_btn, self.stop_btn],
+                           show_progress="hidden", **model_event_settings())
         self.stop_btn.click(self.on_stop, None, [self.status], queue=False)
 
         self.step.input(self.on_step, [self.step, self.traces], self.step_outputs(), show_progress="hidden",
@@ -624,7 +604,6 @@ class ComparePage:
             start[ui.stats] = '<div class="lane-stats">—</div>'
         yield start
         pacer = PlotPacer()
-        ticks = 0
         traces: list[dict[str, Any]] = []
         runner = None
         try:
@@ -645,13 +624,12 @@ class ComparePage:
                     traces, metric, plots=False, live=True,
                     status=status_html(f"Running… {running} of {len(traces)} lanes still decoding "
                                        f"({now - started:.1f} s)"))
-                pacer.cost.update(_PLOT_COST.get(key, {}))
-                for what in ("lanes", "strip"):
-                    if pacer.due(what, now):
-                        pacer.mark(what, now)
-                        ticks += 1
-                        up[self.plot_tick] = {"n": ticks, "kind": what, "key": key}
-                        break
+                if pacer.due("lanes", now):
+                    with pacer.timed("lanes"):
+                        up.update(self.inspector_updates(traces, None, run_plots=True))
+                elif pacer.due("strip", now):
+                    with pacer.timed("strip"):
+                        up.update(self.strip_updates(traces))
                 yield up
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
@@ -679,58 +657,53 @@ class ComparePage:
                 gr.Warning(f"could not save the session: {e}")
                 saved = f" (not saved: {e})"
         head = "Stopped" if stopped else "Done"
-        up = self.result_updates(traces, metric, step=None, plots=False, sid=sid,
+        up = self.result_updates(traces, metric, step=None, plots=True, sid=sid,
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{saved}",
                                                     "ok" if not stopped else "info"))
-        up[self.plot_tick] = {"n": ticks + 1, "kind": "final", "key": key}
         up.update(self._idle_buttons())
         yield up
-
-    def on_plots(self, traces: list[dict[str, Any]], tick: dict[str, Any] | None) -> dict[Any, Any]:
-        """Redraw the inspector for the Run stream: the strip only, or every plot."""
-        if not tick or not traces:
-            return {}
-        t0 = time.perf_counter()
-        kind = tick.get("kind")
-        up = self.strip_updates(traces) if kind == "strip" else self.inspector_updates(traces, None)
-        if kind != "final":
-            # The stream's pacer spaces redraws by what they cost (see PlotPacer).
-            _PLOT_COST.setdefault(str(tick.get("key")), {})[kind] = time.perf_counter() - t0
-        else:
-            _PLOT_COST.pop(str(tick.get("key")), None)
-        return up
 
 
 # ---------------------------------------------------------------------- plot pacing
 class PlotPacer:
-    """Decides when a streaming run asks for a plot redraw, so drawing never crowds out decoding.
+    """Decides when a streaming run may redraw plots, so drawing never crowds out decoding.
 
     Each kind of redraw ("strip": the comparison strip; "lanes": every lane's plots) waits
-    at least its base period and at least ``factor`` times what its last redraw cost (the
-    plot event measures that and the stream copies it into :attr:`cost`), which keeps
-    plotting under about 1/factor of the time however slow the machine is.
+    at least its base period and at least ``factor`` times what its last redraw cost, which
+    keeps plotting under about 1/factor of the time however slow the machine is.
     """
 
     BASE = {"strip": 2 * PLOT_EVERY_S, "lanes": 8 * PLOT_EVERY_S}
 
-    def __init__(self, factor: float = 8.0) -> None:
-        self.factor = factor
+    def __init__(self, factor: float = 8.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.factor, self.clock = factor, clock
         self.last: dict[str, float] = {}
         self.cost: dict[str, float] = {}
 
     def due(self, kind: str, now: float) -> bool:
-        """Whether a redraw of ``kind`` may be asked for at ``now``."""
+        """Whether a redraw of ``kind`` may happen at ``now``."""
         if kind not in self.last:
             self.last[kind] = now  # the first frames show text only; plots follow
             return False
         wait = max(self.BASE[kind], self.factor * self.cost.get(kind, 0.0))
         return now - self.last[kind] >= wait
 
-    def mark(self, kind: str, now: float) -> None:
-        """A redraw of ``kind`` was asked for at ``now`` (a lanes redraw includes the strip)."""
-        self.last[kind] = now
-        if kind == "lanes":
-            self.last["strip"] = now
+    def timed(self, kind: str) -> Any:
+        """Context manager that records the cost of one redraw of ``kind``."""
+        pacer = self
+
+        class _T:
+            def __enter__(self) -> None:
+                self.t0 = pacer.clock()
+
+            def __exit__(self, *exc: Any) -> None:
+                end = pacer.clock()
+                pacer.cost[kind] = end - self.t0
+                pacer.last[kind] = end
+                if kind == "lanes":
+                    pacer.last["strip"] = end  # a lanes redraw includes the strip
+
+        return _T()
 
 
 # ---------------------------------------------------------------------- the model work
