@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -86,11 +87,33 @@ def step_value(page: Any) -> int:
 
 
 def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
-    """Wait until the comparison has finished or stopped (the status says so, Run is enabled)."""
-    page.wait_for_function(
-        "() => { const s = document.querySelector('#status'); const b = document.querySelector('#run');"
-        " return s && b && !b.disabled && /^(Done|Stopped)/.test(s.innerText.trim()); }",
-        timeout=timeout_ms)
+    """Wait until the comparison has finished or stopped (the status says so, Run is enabled);
+    an error in the status line fails at once, with that line as the message."""
+    try:
+        page.wait_for_function(
+            "() => { const s = document.querySelector('#status'); const b = document.querySelector('#run');"
+            " if (!s || !b) return false;"
+            " if (s.querySelector('.pg-status-error')) return true;"
+            " return !b.disabled && /^(Done|Stopped)/.test(s.innerText.trim()); }",
+            timeout=timeout_ms)
+    except Exception as e:  # noqa: BLE001 - say what the page showed
+        try:
+            extra = page.evaluate("() => ({run_disabled: document.querySelector('#run').disabled,"
+                                  " stop_disabled: document.querySelector('#stop').disabled,"
+                                  " lane1: (document.querySelector('#lane-1-stats') || {}).innerText})")
+        except Exception:  # noqa: BLE001
+            extra = {}
+        raise AssertionError(f"the run did not finish: status {status_text(page)!r}, {extra}") from e
+    text = status_text(page)
+    assert re.match(r"^(Done|Stopped)", text), f"the run failed: {text!r}"
+
+
+def status_text(page: Any) -> str:
+    """The status line under the Run button."""
+    try:
+        return page.locator("#status").inner_text(timeout=5_000).strip()
+    except Exception:  # noqa: BLE001
+        return "<unreadable>"
 
 
 def wait_running(page: Any, timeout_ms: int = 60_000) -> None:

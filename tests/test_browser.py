@@ -210,20 +210,23 @@ def test_speculative_showdown_is_lossless_and_cheaper(page):
 
 def test_stop_stops_every_lane_and_keeps_their_output(page):
     p = page
-    load_preset(p, PRESET)
-    set_number(p, "max-new-tokens", 400)
+    load_preset(p, "Truncation samplers")  # six lanes of up to 480 tokens: long enough to stop
+    lanes = lanes_visible(p)
+    assert len(lanes) == 6
+    set_number(p, "max-new-tokens", 480)
     p.click("#run")
-    wait_running(p)
     p.wait_for_function("() => document.querySelectorAll('#lane-1-output .tok').length >= 3", timeout=120_000)
     p.click("#stop")
     wait_idle(p, 150_000)
     assert p.locator("#status").inner_text().startswith("Stopped")
-    counts = [token_count(p, k) for k in (1, 2, 3)]
-    assert all(c < 400 for c in counts) and counts[0] >= 3
-    for k in (1, 2, 3):
-        assert "cancelled" in p.locator(f"#lane-{k}-stats").inner_text()
+    counts = [token_count(p, k) for k in lanes]
+    assert all(c < 480 for c in counts) and counts[0] >= 3
+    stats = [p.locator(f"#lane-{k}-stats").inner_text() for k in lanes]
+    stopped = [s for s in stats if "cancelled" in s]
+    # A sampling lane may have met its end-of-text token before Stop; every other lane stopped.
+    assert len(stopped) >= 4 and all("cancelled" in s or "eos" in s or "stop" in s for s in stats), stats
     time.sleep(2)
-    assert [token_count(p, k) for k in (1, 2, 3)] == counts  # nothing runs on after Stop
+    assert [token_count(p, k) for k in lanes] == counts  # nothing runs on after Stop
 
 
 def test_share_link_replays_on_a_model_free_instance(page, browser, apps):
@@ -361,9 +364,11 @@ FIRST_TOKEN_JS = """
   const t0 = performance.now();
   let first = null, updates = 0, lastUpdate = null;
   const out = document.querySelector('#lane-1-output');
-  let last = out.textContent;
+  // Only the tokens' text: the block around them also holds Gradio's status timer.
+  const text = () => { const o = out.querySelector('.tok-output'); return o ? o.textContent : ''; };
+  let last = text();
   const obs = new MutationObserver(() => {
-    const html = out.textContent;
+    const html = text();
     if (html === last) return;  // count new text, not every DOM mutation (highlights, re-renders)
     last = html;
     const now = performance.now();
@@ -399,30 +404,43 @@ def _measure(p, url: str, lanes: int, max_new: int) -> dict[str, float]:
 
 def test_measure_first_token_and_update_rate(page, apps):
     """Measured, not asserted: time from pressing Run to the first token, and updates per second."""
+    import statistics
+
     from playground.bench import DOC, write_section
 
     p = page
     _measure(p, apps["main"].url, 1, 8)  # warm-up: the first run of a process pays one-off costs
-    one = _measure(p, apps["main"].url, 1, 48)
-    four = _measure(p, apps["main"].url, 4, 48)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    runs: dict[int, list[dict[str, float]]] = {1: [], 4: []}
+    loads = []
+    for _ in range(3):  # alternate, so a burst of load from other jobs hits both
+        for lanes in (1, 4):
+            loads.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"))
+            runs[lanes].append(_measure(p, apps["main"].url, lanes, 256))
+
+    def cell(lanes: int, key: str, fmt: str) -> str:
+        xs = sorted(r[key] for r in runs[lanes])
+        return f"{statistics.median(xs):{fmt}} ({xs[0]:{fmt}}–{xs[-1]:{fmt}})"
+
+    rows = [f"| {n} | {cell(n, 'first_token_s', '.2f')} | {cell(n, 'updates_per_s', '.1f')} | "
+            f"{cell(n, 'stream_s', '.1f')} | {runs[n][0]['tokens']} |" for n in (1, 4)]
     body = "\n".join([
         "## UI streaming (browser)",
         "",
         "Measured by `tests/test_browser.py::test_measure_first_token_and_update_rate` in headless Chromium",
-        "against the app on 127.0.0.1 (bundled `tiny-shakespeare`, preset *Truncation samplers*, 48 new",
-        "tokens per lane, lockstep at equal compute, `OMP_NUM_THREADS=1`). *First token*: from the click on",
-        "Run to the first token span in lane 1. *Updates/s*: changes of lane 1's text while it streamed",
-        "(the runner sends at most about 10 per second). Not asserted: it depends on the machine.",
+        "against the app on 127.0.0.1 (bundled `tiny-shakespeare`, preset *Truncation samplers* cut to 1 or 4",
+        "lanes, 256 new tokens per lane, lockstep at equal compute, `OMP_NUM_THREADS=1`), median of 3 runs",
+        "each (range in brackets) after a warm-up. *First token*: from the click on Run to the first token",
+        "span in lane 1. *Updates/s*: changes of lane 1's text while it streamed (the runner sends at most",
+        "about 10 per second). Not asserted: it depends on the machine — here the browser, the app and",
+        "other people's jobs share two cores, so the spread is wide.",
         "",
         "| lanes | first token shown (s) | updates/s while streaming | streaming time (s) | lane 1 tokens |",
         "|---|---|---|---|---|",
-        f"| 1 | {one['first_token_s']:.2f} | {one['updates_per_s']:.1f} | {one['stream_s']:.1f} | {one['tokens']} |",
-        f"| 4 | {four['first_token_s']:.2f} | {four['updates_per_s']:.1f} | {four['stream_s']:.1f} | {four['tokens']} |",
+        *rows,
         "",
-        f"Machine: {os.cpu_count()} CPU cores shared with other jobs (1-minute load average {load:.1f} at the",
-        f"time); measured {time.strftime('%Y-%m-%d')}.",
+        f"Machine: {os.cpu_count()} CPU cores shared with other jobs (1-minute load average "
+        f"{min(loads):.1f}–{max(loads):.1f} during the runs); measured {time.strftime('%Y-%m-%d')}.",
     ])
     write_section(DOC, "ui", body)
     print(body)
-    assert one["first_token_s"] > 0 and four["first_token_s"] > 0
+    assert all(r["first_token_s"] > 0 for rs in runs.values() for r in rs)

@@ -206,7 +206,11 @@ class ComparePage:
     def _knob_render(self, ui: LaneUI) -> None:
         k = ui.k
 
-        @gr.render(inputs=[ui.decoder, ui.knobs], triggers=[ui.nonce.change], show_progress="hidden")
+        # One render at a time across lanes: Gradio registers a render's events in a shared
+        # table, and a preset re-renders every lane at once (seen: "dictionary changed size
+        # during iteration" when six renders ran in parallel).
+        @gr.render(inputs=[ui.decoder, ui.knobs], triggers=[ui.nonce.change], show_progress="hidden",
+                   concurrency_limit=1, concurrency_id="knob-render")
         def _knobs(decoder: str, knobs: dict[str, Any]) -> None:
             spec = st.decoder_spec(decoder)
             if spec is None or not spec["params"]:
