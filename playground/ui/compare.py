@@ -409,7 +409,7 @@ class ComparePage:
             show_progress="hidden", **model_event_settings())
         self.prompt.submit(self.on_run, run_inputs, self.result_outputs() + [self.run_btn, self.stop_btn],
                            show_progress="hidden", **model_event_settings())
-        self.stop_btn.click(self.on_stop, None, [self.status], queue=False)
+        self.stop_btn.click(self.on_stop, None, None, queue=False)
 
         self.step.input(self.on_step, [self.step, self.traces], self.step_outputs(), show_progress="hidden",
                         trigger_mode="always_last")
@@ -497,15 +497,18 @@ class ComparePage:
             return {}
         return self.step_updates(traces or [], step)
 
-    def on_stop(self, request: gr.Request) -> Any:
-        """Stop the running comparison of this browser session (lanes keep what they made)."""
+    def on_stop(self, request: gr.Request) -> None:
+        """Stop the running comparison of this browser session (lanes keep what they made).
+
+        It updates nothing itself: the Run stream notices within one step and shows the
+        stopped lanes. (Sharing an output with the streaming event was a suspect in a run
+        that never showed its last frame.)
+        """
         key = _session_key(request)
         with _RUNNERS_LOCK:
             runner = _RUNNERS.get(key)
-        if runner is None:
-            return gr.skip()
-        runner.cancel()
-        return status_html("Stopping…")
+        if runner is not None:
+            runner.cancel()
 
     def on_share(self, sid: str | None, request: gr.Request) -> str:
         """Show the share link of the current session."""
