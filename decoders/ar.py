@@ -1,5 +1,6 @@
 """Shared mechanics of autoregressive decoders: the KV-cached forward loop, drawing a token
-from a distribution with a given uniform, and the ``dist`` evidence of a token step.
+with the run's common random numbers (Gumbel-max or inverse CDF), and the ``dist``
+evidence of a token step.
 
 Every causal decoder builds on these, so that caching, sampling and evidence are written
 once.
@@ -12,6 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from decoders.base import Context, check_stop
+from playground.errors import PlaygroundError
 from playground.models import crop_cache
 from playground.trace import Step
 
@@ -46,14 +48,22 @@ class ARState:
             del self.ids[length:]
 
 
+COUPLINGS = ("gumbel", "inverse_cdf")
+
+
 def sample_index(probs: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw from ``probs`` (1-D) with uniform ``u``.
 
     Tokens are laid out in descending probability (ties by id), so the same ``u`` picks a
-    token of the same rank under two similar distributions: with common random numbers,
-    samplers differ by their rule, not by their luck. Exact for any ``u ~ U(0,1)``.
+    token of the same rank under two similar distributions. Exact for any ``u ~ U(0,1)``;
+    never returns a token of probability 0. A distribution with no finite positive mass
+    (all zero, NaN or inf) is a bug upstream: it raises PlaygroundError rather than
+    returning an arbitrary id.
     """
     p = probs.detach().double().cpu()
+    total_all = float(p.sum()) if p.numel() else 0.0
+    if not (total_all > 0.0 and total_all < float("inf")) or bool((p < 0).any()):
+        raise PlaygroundError("cannot draw a token: the distribution has no finite probability mass")
     order = torch.argsort(-p, stable=True)
     cdf = torch.cumsum(p[order], 0)
     total = float(cdf[-1])
@@ -62,6 +72,48 @@ def sample_index(probs: torch.Tensor, u: float) -> int:
     while float(p[order[j]]) == 0.0 and j > 0:  # never land on a removed token
         j -= 1
     return int(order[j])
+
+
+def gumbel_index(scores: torch.Tensor, noise: torch.Tensor) -> int:
+    """Gumbel-max draw: ``argmax(scores + noise)`` over the tokens with a finite score.
+
+    With ``scores`` the log-probabilities (or any logits whose softmax is the distribution)
+    and ``noise`` i.i.d. standard Gumbel, the result is an exact draw. Removed tokens
+    (score ``-inf``) are never drawn; no finite score raises PlaygroundError.
+    """
+    s = scores.detach().double().cpu()
+    live = torch.isfinite(s)
+    if not bool(live.any()):
+        raise PlaygroundError("cannot draw a token: the distribution has no finite probability mass")
+    g = noise.detach().double().cpu()[: s.numel()]
+    return int(torch.argmax(torch.where(live, s + g, torch.full_like(s, float("-inf")))))
+
+
+def draw(ctx: Context, pos: int, final: torch.Tensor, logits: torch.Tensor | None = None,
+         coupling: str = "gumbel", stream: str = "sample") -> int:
+    """Draw the token at ``pos`` from the final distribution ``final`` with the run's
+    common random numbers.
+
+    ``gumbel`` (the default): ``argmax(logits + g)`` with the per-(seed, position, token)
+    noise ``g = ctx.gumbel(pos, V, stream)`` shared by every lane, over the tokens ``final``
+    keeps. ``logits`` are the processed logits ``final`` is the softmax of (their kept values
+    are bit-identical across lanes that only truncate, so the coupling is exact); without
+    them ``log(final)`` is used. A filter that keeps the token an unfiltered lane drew
+    therefore draws it too. ``inverse_cdf``: :func:`sample_index` with ``ctx.uniform(pos,
+    stream)`` (one shared uniform, tokens by descending probability).
+    """
+    if coupling == "inverse_cdf":
+        return sample_index(final, ctx.uniform(pos, stream))
+    if coupling != "gumbel":
+        raise PlaygroundError(f"unknown coupling {coupling!r}; choose one of: {', '.join(COUPLINGS)}")
+    f = final.detach().double().cpu()
+    if logits is None:
+        scores = torch.log(f)
+    else:
+        # A token whose probability underflowed to 0 counts as removed, so the drawn token
+        # always has a non-zero final probability.
+        scores = torch.where(f > 0, logits.detach().double().cpu(), torch.full_like(f, float("-inf")))
+    return gumbel_index(scores, ctx.gumbel(pos, scores.numel(), stream))
 
 
 def entropy_of(logits: torch.Tensor) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
 import numpy as np
+import torch
 
 from playground.errors import Cancelled, PlaygroundError
 from playground.trace import Step
@@ -196,9 +197,9 @@ class Context:
     """Everything one run of a decoder needs.
 
     ``target``/``draft`` are counting :class:`~playground.models.ModelView` objects.
-    Randomness comes from :meth:`uniform`: the same seed gives every decoder the same
-    uniform for the same (stream, index), the *common random numbers* that make two
-    samplers differ by their rule and not by their luck.
+    Randomness comes from :meth:`uniform`, :meth:`uniforms` and :meth:`gumbel`: the same
+    seed gives every decoder the same numbers for the same (stream, index), the *common
+    random numbers* that make two samplers differ by their rule and not by their luck.
     """
 
     target: Any
@@ -212,15 +213,29 @@ class Context:
     top_k_evidence: int = 20
     cancel: threading.Event = field(default_factory=threading.Event)
 
+    def _rng(self, index: int, stream: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed & 0xFFFFFFFF, zlib.crc32(stream.encode()), int(index)])
+
     def uniform(self, index: int, stream: str = "sample") -> float:
         """A uniform in [0, 1) fixed by (seed, stream, index): common random numbers."""
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, zlib.crc32(stream.encode()), int(index)])
-        return float(rng.random())
+        return float(self._rng(index, stream).random())
 
     def uniforms(self, index: int, n: int, stream: str) -> np.ndarray:
         """``n`` uniforms fixed by (seed, stream, index)."""
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, zlib.crc32(stream.encode()), int(index)])
-        return rng.random(n)
+        return self._rng(index, stream).random(n)
+
+    def gumbel(self, index: int, n: int, stream: str = "sample") -> torch.Tensor:
+        """Standard Gumbel noise for token ids ``0..n-1``, fixed by (seed, stream, index).
+
+        The noise of token ``j`` depends only on the seed, the stream, the index (the
+        position) and ``j`` - not on ``n``, the lane or its processor chain - so every lane
+        that draws ``argmax(log p + g)`` at a position shares it (Gumbel-max coupling).
+        Float64, from a stream of its own (``gumbel/<stream>``), never ``-inf``.
+        """
+        u = self._rng(index, f"gumbel/{stream}").random(n)
+        # u = 0 (chance 2^-53) would give -inf noise: the token could never be drawn.
+        np.maximum(u, np.finfo(np.float64).tiny, out=u)
+        return torch.from_numpy(-np.log(-np.log(u)))
 
     def check_cancel(self) -> None:
         """Raise :class:`Cancelled` if the user pressed Stop."""

@@ -166,23 +166,72 @@ class NoRepeatNGram(Processor):
         return _masked(logits, remove)
 
 
-_BREAKER_CACHE: dict[tuple[int, tuple[str, ...]], frozenset[int]] = {}
+@dataclass(frozen=True)
+class Breakers:
+    """DRY sequence breakers resolved against a vocabulary, as llama.cpp does.
+
+    ``single``: tokens whose text contains a breaker string; each breaks a match alone and
+    is never penalised. ``heads``: a token whose text ends with a proper prefix of a breaker
+    (``"ROM"`` for ``"ROMEO:"``) maps to the token sequences ("tails") that spell the rest
+    of it, so a breaker spanning several tokens is matched as a token sequence.
+    """
+
+    single: frozenset[int] = frozenset()
+    heads: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+
+    def limit(self, ids: Sequence[int]) -> int:
+        """How many tokens at the end of ``ids`` come after the latest breaker (all of them
+        if none): the longest repeat DRY may see (llama.cpp's ``rep_limit``)."""
+        n = len(ids)
+        for i in range(n):  # i: how many tokens follow the candidate head
+            tok = ids[n - 1 - i]
+            best = 0 if tok in self.single else -1
+            for tail in self.heads.get(tok, ()):
+                size = len(tail)
+                if best < size <= i and tuple(ids[n - i:n - i + size]) == tail:
+                    best = size
+            if best >= 0:
+                return i - best
+        return n
 
 
-def breaker_ids(tokenizer: Any, breakers: Sequence[str], vocab_size: int) -> frozenset[int]:
-    """Ids of the tokens whose text contains a DRY sequence breaker (cached per tokenizer)."""
-    key = (id(tokenizer), tuple(breakers))
+_BREAKER_CACHE: dict[tuple[int, int, tuple[str, ...]], Breakers] = {}
+MAX_BREAKER_CHARS, MAX_BREAKER_TAIL = 40, 20  # llama.cpp's caps
+
+
+def breaker_sequences(tokenizer: Any, breakers: Sequence[str], vocab_size: int) -> Breakers:
+    """Resolve DRY breaker strings against a tokenizer (cached per tokenizer), as llama.cpp's
+    ``get_overlapping_token_sequences``: a token containing a breaker is a single-token
+    breaker; a token ending with a proper prefix of one is the head of a multi-token breaker
+    whose tail is the tokenization of the rest (breakers cut to 40 characters, tails to 20
+    tokens)."""
+    strings = tuple(b[:MAX_BREAKER_CHARS] for b in breakers if b)
+    key = (id(tokenizer), vocab_size, strings)
     hit = _BREAKER_CACHE.get(key)
-    if hit is None:
-        out = set()
-        for i in range(vocab_size):
-            try:
-                s = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            except Exception:  # noqa: BLE001 - ids past the tokenizer's table have no text
+    if hit is not None:
+        return hit
+    single: set[int] = set()
+    heads: dict[int, list[tuple[int, ...]]] = {}
+    tails: dict[str, tuple[int, ...]] = {}
+    for i in range(vocab_size):
+        try:
+            text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        except Exception:  # noqa: BLE001 - ids past the tokenizer's table have no text
+            continue
+        for b in strings:
+            if b in text:
+                single.add(i)
                 continue
-            if any(b and b in s for b in breakers):
-                out.add(i)
-        hit = _BREAKER_CACHE[key] = frozenset(out)
+            for k in range(min(len(b) - 1, len(text)), 0, -1):
+                if not text.endswith(b[:k]):
+                    continue
+                rest = b[k:]
+                if rest not in tails:
+                    tails[rest] = tuple(tokenizer.encode(rest, add_special_tokens=False))[:MAX_BREAKER_TAIL]
+                seqs = heads.setdefault(i, [])
+                if tails[rest] and tails[rest] not in seqs:
+                    seqs.append(tails[rest])
+    hit = _BREAKER_CACHE[key] = Breakers(frozenset(single), {t: tuple(v) for t, v in heads.items() if v})
     return hit
 
 
@@ -192,37 +241,48 @@ class DRY(Processor):
     If the context ends with a token sequence that occurred before, the token that
     followed the earlier occurrence would extend the repetition. With ``L`` the length of
     the longest such match ending just before that token, its logit is lowered by
-    ``multiplier * base ** (L - allowed_length)`` when ``L >= allowed_length``. Matches
-    never extend across a sequence-breaker token. Simplification: a token is a breaker
-    when its text contains one of the breaker strings (webui tokenizes each breaker;
-    llama.cpp also matches breakers spanning several tokens); matches are capped at 50.
+    ``multiplier * base ** (L - allowed_length)`` when ``L >= allowed_length``. As in
+    llama.cpp, matches never reach back past the latest sequence breaker - a token whose
+    text contains a breaker string, or a run of tokens spelling one that spans several
+    tokens (``"ROMEO:"``; see :class:`Breakers`) - and a single-token breaker is never
+    penalised. Simplifications: matches are capped at 50 tokens, the whole context is
+    searched (no ``penalty_last_n``), and the exponent is clamped as llama.cpp does so the
+    penalty stays finite.
     """
 
     item = "dry"
     MAX_MATCH = 50
 
     def __init__(self, multiplier: float, base: float, allowed_length: int,
-                 breakers: frozenset[int] = frozenset()) -> None:
+                 breakers: frozenset[int] | Breakers = frozenset()) -> None:
         self.multiplier, self.base, self.allowed_length = multiplier, base, allowed_length
-        self._breakers = breakers
+        self._breakers = breakers if isinstance(breakers, Breakers) else Breakers(frozenset(breakers))
+
+    def penalty(self, match: int) -> float:
+        """The logit penalty for a repeat of ``match`` tokens (>= ``allowed_length``)."""
+        exp = match - self.allowed_length
+        if self.base > 1.000001:
+            exp = min(exp, int(88.7228391 / math.log(self.base)))  # llama.cpp's FLOAT_MAX_LOG
+        return min(self.multiplier * self.base ** exp, 3.0e38)
 
     def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
         ids = list(h.ids)
-        if len(ids) < 2 or ids[-1] in self._breakers:
+        n = len(ids)
+        if n < 2:
             return logits
-        last, n, brk = ids[-1], len(ids), self._breakers
+        cap = min(self._breakers.limit(ids), self.MAX_MATCH)
+        if cap < self.allowed_length:
+            return logits
+        last, single = ids[-1], self._breakers.single
         longest: dict[int, int] = {}
         for i in range(n - 1):  # i: an earlier occurrence of the last token
             if ids[i] != last:
                 continue
             nxt = ids[i + 1]
-            if nxt in brk:
+            if nxt in single:
                 continue
             m = 1
-            while m < self.MAX_MATCH and i - m >= 0:
-                prev = ids[n - 1 - m]
-                if ids[i - m] != prev or prev in brk:
-                    break
+            while m < cap and i - m >= 0 and ids[i - m] == ids[n - 1 - m]:
                 m += 1
             if m > longest.get(nxt, 0):
                 longest[nxt] = m
@@ -231,7 +291,7 @@ class DRY(Processor):
             if m >= self.allowed_length and tok < logits.numel():
                 if out is logits:
                     out = logits.clone()
-                out[tok] -= self.multiplier * self.base ** (m - self.allowed_length)
+                out[tok] -= self.penalty(m)
         return out
 
 
@@ -249,7 +309,13 @@ class Temperature(Processor):
             keep = torch.zeros_like(logits, dtype=torch.bool)
             keep[int(torch.argmax(logits))] = True
             return _masked(logits, ~keep)
-        return logits / self.t
+        out = logits / self.t
+        live = torch.isfinite(logits)
+        if bool((torch.isinf(out) & live).any()):
+            # A tiny t overflows float32; shifting by the max first is the same softmax and
+            # stays finite for the top token (the rest may underflow to -inf, as they should).
+            out = (logits - logits[live].max()) / self.t
+        return out
 
 
 class TopK(Processor):
@@ -377,9 +443,12 @@ class XTC(Processor):
     """Exclude Top Choices (p-e-w, text-generation-webui / llama.cpp).
 
     With probability ``probability`` (the coin is the run's common random number
-    ``uniform(pos, "xtc")``), when at least two tokens have probability >= ``threshold``,
-    remove all of them except the least probable one. Simplification: webui's special
-    case that never removes newline/EOS is not applied (llama.cpp does not apply it either).
+    ``uniform(pos, "xtc")``), when at least two *live* tokens (not removed by an earlier
+    rule) have probability >= ``threshold``, remove all of them except the least probable
+    one. A removed token (probability 0) is never a top choice, even at threshold 0, as in
+    llama.cpp whose earlier samplers drop removed tokens from the candidate list; so XTC
+    always leaves at least one token. Simplification: webui's special case that never
+    removes newline/EOS is not applied (llama.cpp does not apply it either).
     """
 
     item = "xtc"
@@ -390,11 +459,14 @@ class XTC(Processor):
     def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
         if h.uniform(h.pos, "xtc") >= self.probability:
             return logits
+        live = torch.isfinite(logits)
         probs = logits.softmax(-1)
-        order = torch.argsort(-probs, stable=True)
-        above = int((probs >= self.threshold).sum())
+        above = int((live & (probs >= self.threshold)).sum())
         if above < 2:
             return logits
+        # Descending logits put removed tokens (-inf) last, behind live tokens whose
+        # probability underflowed to 0, so the first ``above`` are exactly the top choices.
+        order = torch.argsort(logits, descending=True, stable=True)
         remove = torch.zeros_like(logits, dtype=torch.bool)
         remove[order[: above - 1]] = True
         return _masked(logits, remove)
@@ -525,24 +597,60 @@ class ChainParams(Params):
         return out
 
 
+EMPTIED_NOTE = "removed every token; kept the most probable one still live"
+
+
+def _sane(logits: torch.Tensor) -> torch.Tensor:
+    """Logits softmax can digest: NaN counts as removed, and if any logit is +inf only those
+    tokens stay (equally likely), the limit softmax takes as the others fall behind."""
+    if bool(torch.isnan(logits).any()):
+        logits = torch.nan_to_num(logits, nan=NEG_INF, posinf=float("inf"), neginf=NEG_INF)
+    top = torch.isposinf(logits)
+    if bool(top.any()):
+        logits = torch.where(top, torch.zeros_like(logits), torch.full_like(logits, NEG_INF))
+    return logits
+
+
 class Chain:
-    """An ordered list of processors; turns raw logits into the final distribution."""
+    """An ordered list of processors; turns raw logits into the final distribution.
+
+    The chain never empties: if a rule would remove every live token (say top-k = 1 then
+    no-repeat-n-gram banning that token), the most probable token that was live before the
+    rule is kept instead, and the rule's stage in the evidence says so (``emptied``/``note``);
+    :attr:`emptied` lists those rules for the latest call. NaN never leaves the chain.
+    """
 
     def __init__(self, processors: list[Processor]) -> None:
         self.processors = processors
+        self.emptied: list[str] = []
 
     def __call__(self, logits: torch.Tensor, h: History,
                  stages: list[dict[str, Any]] | None = None) -> torch.Tensor:
-        """Processed logits. With ``stages`` given, append per-stage evidence to it."""
-        out = logits.float()
+        """Processed logits (at least one finite). With ``stages`` given, append per-stage
+        evidence to it."""
+        out = _sane(logits.float())
+        if not bool(torch.isfinite(out).any()):
+            raise PlaygroundError("the model returned no finite logits for this position")
         raw = torch.softmax(out, -1) if stages is not None else None
+        self.emptied = []
         for proc in self.processors:
             label = proc.label if stages is not None else ""
-            out = proc(out, h)
-            if stages is not None:
+            before = out
+            out = _sane(proc(out, h))
+            kept = torch.isfinite(out)
+            emptied = not bool(kept.any())
+            if emptied:
+                keep = int(torch.argmax(before))
+                out = torch.full_like(before, NEG_INF)
+                out[keep] = before[keep]
                 kept = torch.isfinite(out)
-                stages.append({"stage": label, "kept": int(kept.sum()),
-                               "kept_mass": round(float(raw[kept].sum()), 6)})
+                self.emptied.append(proc.label)
+            if stages is not None:
+                stage = {"stage": label, "kept": int(kept.sum()),
+                         "kept_mass": round(float(raw[kept].sum()), 6)}
+                if emptied:
+                    stage.update(emptied=True, note=EMPTIED_NOTE)
+                stages.append(stage)
         return out
 
     def probs(self, logits: torch.Tensor, h: History,
@@ -572,8 +680,8 @@ def _make(item: str, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> list
             out.append(FrequencyPenalty(k["frequency_penalty"], k["penalty_last_n"]))
         return out
     if item == "dry":
-        brk = breaker_ids(tokenizer, parse_breakers(k["dry_sequence_breakers"]), vocab_size) \
-            if tokenizer is not None else frozenset()
+        brk = breaker_sequences(tokenizer, parse_breakers(k["dry_sequence_breakers"]), vocab_size) \
+            if tokenizer is not None else Breakers()
         return [DRY(k["dry_multiplier"], k["dry_base"], k["dry_allowed_length"], brk)]
     simple: dict[str, Callable[[], Processor]] = {
         "no_repeat_ngram": lambda: NoRepeatNGram(k["no_repeat_ngram_size"]),
@@ -608,8 +716,8 @@ def build_chain(knobs: dict[str, Any], tokenizer: Any = None, vocab_size: int = 
 
 
 __all__ = [
-    "CHAIN_DEFAULTS", "Chain", "ChainParams", "DEFAULT_ORDER", "DRY", "Epsilon", "Eta",
+    "Breakers", "CHAIN_DEFAULTS", "Chain", "ChainParams", "DEFAULT_ORDER", "DRY", "Epsilon", "Eta",
     "FrequencyPenalty", "History", "MinP", "Mirostat", "NoRepeatNGram", "ORDER_ITEMS",
     "PresencePenalty", "Processor", "RepetitionPenalty", "Temperature", "TopK", "TopNSigma",
-    "TopP", "Typical", "XTC", "active_items", "build_chain", "chain_params", "check_chain",
+    "TopP", "Typical", "XTC", "active_items", "breaker_sequences", "build_chain", "chain_params", "check_chain",
 ]

@@ -2,9 +2,14 @@
 the convenience presets of that chain (``top_k``, ``top_p``, ``min_p``, ``typical``,
 ``epsilon``, ``eta``, ``xtc``, ``mirostat``).
 
-Every sampler draws the token at position ``pos`` by inverse CDF with the run's common
-random number ``ctx.uniform(pos)`` (see :func:`decoders.ar.sample_index`), so two samplers
-run with the same seed differ by their rule, not by their luck.
+Every sampler draws with the run's common random numbers (see :func:`decoders.ar.draw`).
+By default (``coupling=gumbel``) the token at position ``pos`` is ``argmax(logits + g)``
+over the tokens the chain kept, with Gumbel noise ``g`` fixed per (seed, position, token):
+two lanes run with the same seed draw the same token whenever the narrower one kept the
+token the wider one drew, so wherever a truncation rule changes the text it is because it
+cut the drawn token. ``coupling=inverse_cdf`` draws by inverse CDF on one shared uniform
+per position instead (the same *rank* under similar distributions, but a filter that
+renormalises the mass moves the draw even when it kept the token).
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from decoders.ar import greedy_probs, sample_index, token_loop
-from decoders.base import Context, Decoder, Float, Int, Param, Params, register
+from decoders.ar import COUPLINGS, draw, greedy_probs, token_loop
+from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, register
 from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
                                  build_chain, chain_params, check_chain)
 from playground.trace import Step
@@ -35,18 +40,30 @@ class Greedy(Decoder):
         yield from token_loop(ctx, lambda logits, pos, out: greedy_probs(logits), self)
 
 
-def chain_picker(ctx: Context, chain: Chain, stages_out: list[list[dict[str, Any]]]):
-    """A ``token_loop`` picker that runs ``chain`` and draws with ``ctx.uniform(pos)``.
+def coupling_param() -> Choice:
+    """The ``coupling`` knob: how a lane's draw shares randomness with other lanes."""
+    return Choice("gumbel", COUPLINGS,
+                  "common random numbers: gumbel (a lane draws what an unfiltered lane drew whenever "
+                  "its rules kept that token) or inverse_cdf (one shared uniform per position)")
+
+
+def chain_picker(ctx: Context, chain: Chain, stages_out: list[list[dict[str, Any]]],
+                 coupling: str | None = None):
+    """A ``token_loop`` picker that runs ``chain`` and draws with the run's common random
+    numbers at position ``pos`` (``coupling``: ``gumbel`` or ``inverse_cdf``; default: the
+    ``coupling`` knob in ``ctx.params``, else ``gumbel``).
 
     The per-stage evidence of the latest step is left in ``stages_out[0]``.
     """
     prompt = list(ctx.prompt_ids)
+    how = coupling or str(ctx.params.get("coupling", "gumbel"))
 
     def pick(logits: torch.Tensor, pos: int, out: list[int]) -> tuple[torch.Tensor, int]:
         h = History(ids=prompt + out, prompt_len=len(prompt), pos=pos, uniform=ctx.uniform)
         stages: list[dict[str, Any]] = []
-        final = chain.probs(logits, h, stages)
-        tok = sample_index(final, ctx.uniform(pos))
+        processed = chain(logits, h, stages)
+        final = torch.softmax(processed, -1)
+        tok = draw(ctx, pos, final, processed, how)
         chain.observe(tok, final)
         stages_out[0] = stages
         return final, tok
@@ -71,6 +88,10 @@ class ChainDecoder(Decoder):
         stages: list[list[dict[str, Any]]] = [[]]
         for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
             step.evidence["chain"] = stages[0]
+            emptied = [st["stage"] for st in stages[0] if st.get("emptied")]
+            if emptied:
+                step.evidence["dist"]["note"] = (f"{', '.join(emptied)} removed every token; "
+                                                 "kept the most probable one still live")
             yield step
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
@@ -85,13 +106,17 @@ class Sample(ChainDecoder):
     frequency as OpenAI over generated tokens), DRY, no-repeat-n-gram, top-nσ, top-k,
     locally typical, top-p, min-p, ε, η, XTC, temperature (0 = greedy) and mirostat v2;
     each rule is active only when its knob is not neutral, and they run in ``order``
-    (llama.cpp's default: penalties first, temperature last). The token is drawn by
-    inverse CDF with the common random number ``ctx.uniform(pos)``.
-    Simplifies: rules act on one sequence (no batching); see each processor's docstring.
+    (llama.cpp's default: penalties first, temperature last). If a rule would leave no
+    token, the most probable live one stays and the step's evidence says so. The token is
+    drawn with the run's common random numbers: by default Gumbel-max with noise fixed per
+    (seed, position, token), so a lane with extra truncation rules draws the same token as
+    this one whenever its rules kept it; ``coupling=inverse_cdf`` uses one shared uniform
+    per position instead. Simplifies: rules act on one sequence (no batching); see each
+    processor's docstring.
     """
 
     name = "sample"
-    params = ChainParams(**chain_params())
+    params = ChainParams(**chain_params(), coupling=coupling_param())
     reference = "Ancestral sampling; processor chain after llama.cpp's sampler chain (see each rule)"
     description = "Sample through a user-ordered chain: penalties, DRY, top-k/p, min-p, typical, ε, η, top-nσ, XTC, mirostat"
 
@@ -128,7 +153,7 @@ def _preset(name: str, mapping: dict[str, str], specs: dict[str, Param], referen
             description: str, doc: str, fixed: dict[str, Any] | None = None) -> type[Preset]:
     cls = type(name.title().replace("_", ""), (Preset,), {
         "name": name, "mapping": mapping, "fixed": dict(fixed or {}),
-        "params": PresetParams(mapping, **specs, temperature=_temperature()),
+        "params": PresetParams(mapping, **specs, temperature=_temperature(), coupling=coupling_param()),
         "reference": reference, "description": description, "__doc__": doc,
         "__module__": __name__,
     })
