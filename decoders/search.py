@@ -454,13 +454,12 @@ class Arithmetic(Decoder):
 
 
 def iid_chooser(ctx: Context) -> Chooser:
-    """Independent draws: sample 0 reads ``ctx.uniform(t)`` (the `sample` decoder's common
-    random numbers), sample ``i > 0`` its own stream."""
-    from decoders.ar import sample_index
+    """Independent draws: sample 0 reads the `sample` decoder's common random numbers
+    (Gumbel-max on stream ``sample``), sample ``i > 0`` its own stream."""
+    from decoders.ar import draw
 
     def choose(i: int, t: int, probs: torch.Tensor) -> tuple[int, dict[str, Any]]:
-        u = ctx.uniform(t) if i == 0 else ctx.uniform(t, f"sample/{i}")
-        return sample_index(probs, u), {}
+        return draw(ctx, t, probs, stream="sample" if i == 0 else f"sample/{i}"), {}
 
     return choose
 
