@@ -241,7 +241,7 @@ def test_a_decoder_on_the_wrong_model_kind_is_a_lane_error(page, tiny, db):
 
 
 def test_plot_pacer_keeps_plotting_a_small_share_of_the_time():
-    from playground.ui.compare import PlotPacer
+    from playground.ui.inspector import PlotPacer
 
     t = [0.0]
     pacer = PlotPacer(factor=5.0, clock=lambda: t[0])
@@ -270,7 +270,7 @@ def test_an_unexpected_failure_is_one_line_not_a_traceback(page, tiny, db, monke
 def test_streamed_outputs_grow_by_appending(page, tiny, db, monkeypatch):
     """While streaming, each frame of a token lane extends the previous one (Gradio then
     sends only the new tokens); the final frame is complete HTML."""
-    import playground.ui.compare as compare
+    import playground.ui.run_session as compare
 
     monkeypatch.setattr(compare, "STREAM_RATE", 0)  # a frame after every step, however fast
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))

@@ -16,7 +16,8 @@ from typing import Any
 import gradio as gr
 
 from playground.errors import PlaygroundError
-from playground.ui.compare import ComparePage, status_html
+from playground.ui.compare import ComparePage
+from playground.ui.html import status_html
 
 HEADERS = ["Title", "Model", "Decoders", "Created (UTC)", "Id"]
 

@@ -1,0 +1,209 @@
+"""What the Compare page shows of traces: lane outputs and stats, the step inspector, the
+comparison strip, and the handlers that redraw them (scrubber, token click, colouring).
+
+:class:`PlotPacer` decides when a streaming run may redraw plots, so drawing never crowds
+out decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import gradio as gr
+
+import visualizers
+from playground.ui import state as st
+from playground.ui.html import error_html, esc, stats_html
+from playground.ui.layout import PageLayout
+
+PLOT_EVERY_S = 1.0  # plot refresh period while streaming (text streams at the runner's rate)
+
+# Outline the tokens of the scrubbed step in every lane (client-side, no round trip).
+HIGHLIGHT_JS = """
+(s) => {
+  const v = Number(s);
+  document.querySelectorAll('.tok.cur-step').forEach((e) => e.classList.remove('cur-step'));
+  if (Number.isFinite(v)) {
+    document.querySelectorAll('.tok[data-step="' + String(Math.trunc(v)) + '"]').forEach((e) => e.classList.add('cur-step'));
+  }
+  return [];
+}
+"""
+
+
+class InspectorHandlers(PageLayout):
+    """Update builders and handlers of the results (mixed into ``ComparePage``)."""
+
+    # ================================================================== events
+    def wire_inspector(self, demo: gr.Blocks) -> None:
+        """Attach the scrubber, token-click and colouring events."""
+        self.step.input(self.on_step, [self.step, self.traces], self.step_outputs(), show_progress="hidden",
+                        trigger_mode="always_last")
+        self.step.change(None, [self.step], None, js=HIGHLIGHT_JS)
+        for ui in self.lanes:
+            ui.output.click(self.on_token, [self.traces], self.step_outputs(), show_progress="hidden")
+        self.metric.change(self.on_metric, [self.metric, self.traces],
+                           [c for ui in self.lanes for c in (ui.output, ui.legend, ui.stats)],
+                           show_progress="hidden")
+
+    # ================================================================== update builders
+    def result_updates(self, traces: list[dict[str, Any]], metric: str, step: int | None = None,
+                       plots: bool = True, status: str | None = None, sid: Any = None,
+                       live: bool = False) -> dict[Any, Any]:
+        """Updates that show ``traces`` (lane outputs, stats and, with ``plots``, the inspector)."""
+        up: dict[Any, Any] = {self.traces: traces}
+        if status is not None:
+            up[self.status] = status
+        if sid is not None:
+            up[self.sid] = sid
+        for j, ui in enumerate(self.lanes):
+            if j >= len(traces):
+                continue
+            up.update(self.lane_updates(j, traces[j], metric, live=live))
+        if plots:
+            up.update(self.inspector_updates(traces, step))
+        return up
+
+    def lane_updates(self, j: int, trace: dict[str, Any], metric: str, live: bool = False) -> dict[Any, Any]:
+        """Output, legend and stats of lane ``j`` (0-based); ``live`` while streaming."""
+        ui = self.lanes[j]
+        m = st.auto_metric(trace, metric)
+        err = (trace.get("stats") or {}).get("error")
+        body = visualizers.tokens_html(trace, m, lane=ui.k)
+        if err:
+            body = error_html(err) + body
+        if live and body.endswith("</div>"):
+            # Gradio streams a string that extends the previous one as an append; without
+            # the closing tag (the browser closes it) a growing output is sent token by
+            # token instead of in full ten times a second.
+            body = body[: -len("</div>")]
+        return {ui.output: body, ui.legend: visualizers.legend_html(m),
+                ui.stats: stats_html(visualizers.stats_line(trace))}
+
+    def inspector_updates(self, traces: list[dict[str, Any]], step: int | None = None,
+                          run_plots: bool = True) -> dict[Any, Any]:
+        """The scrubber, the comparison strip and every lane's plots at ``step`` (None: last)."""
+        counts = [visualizers.step_count(t) for t in traces]
+        top = max(counts, default=0)
+        s = top - 1 if step is None else step
+        s = max(0, min(int(s), max(top - 1, 0)))
+        up: dict[Any, Any] = {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=s)}
+        if run_plots:
+            up[self.progress_plot] = visualizers.progress_figure(traces)
+            up[self.divergence] = visualizers.divergence_html(traces)
+        for j, ui in enumerate(self.lanes):
+            if j >= len(traces):
+                up[ui.insp_column] = gr.update(visible=False)
+                continue
+            tr = traces[j]
+            up[ui.insp_column] = gr.update(visible=True)
+            up[ui.insp_header] = insp_header(ui.k, tr, min(s, max(counts[j] - 1, 0)), counts[j])
+            up.update(slot_updates(ui.step_html, ui.step_plots, visualizers.step_figures(tr, s)))
+            if run_plots:
+                up.update(slot_updates(ui.run_html, ui.run_plots, visualizers.run_figures(tr)))
+        return up
+
+    def strip_updates(self, traces: list[dict[str, Any]]) -> dict[Any, Any]:
+        """The cheap part of the inspector: scrubber range and the comparison strip."""
+        top = max((visualizers.step_count(t) for t in traces), default=0)
+        return {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=max(top - 1, 0)),
+                self.progress_plot: visualizers.progress_figure(traces),
+                self.divergence: visualizers.divergence_html(traces)}
+
+    def step_updates(self, traces: list[dict[str, Any]], step: int) -> dict[Any, Any]:
+        """What a scrubber move changes: each lane's step plots (and its header)."""
+        return self.inspector_updates(traces, step, run_plots=False)
+
+    # ================================================================== handlers
+    def on_metric(self, metric: str, traces: list[dict[str, Any]]) -> dict[Any, Any]:
+        """Recolour every lane's output."""
+        up: dict[Any, Any] = {}
+        for j, tr in enumerate(traces or []):
+            if j < len(self.lanes):
+                up.update(self.lane_updates(j, tr, metric))
+        return up
+
+    def on_step(self, step: float, traces: list[dict[str, Any]]) -> dict[Any, Any]:
+        """The scrubber moved: redraw each lane's step plots."""
+        return self.step_updates(traces or [], int(step or 0))
+
+    def on_token(self, traces: list[dict[str, Any]], evt: gr.EventData) -> dict[Any, Any]:
+        """A token was clicked: jump the scrubber to the step that produced it."""
+        data = getattr(evt, "_data", None) or {}
+        try:
+            step = int(data.get("step"))
+        except (TypeError, ValueError):
+            return {}
+        return self.step_updates(traces or [], step)
+
+
+def slot_updates(html_comp: Any, plots: list[Any], figs: list[tuple[str, Any]]) -> dict[Any, Any]:
+    """Fill an inspector column's HTML block and plot slots with ``figs`` (title, figure/HTML)."""
+    up: dict[Any, Any] = {}
+    htmls = [(t, f) for t, f in figs if isinstance(f, str)]
+    plots_in = [(t, f) for t, f in figs if not isinstance(f, str)]
+    if htmls:
+        body = "".join(f'<div class="insp-block"><div class="insp-title">{esc(t)}</div>{f}</div>' for t, f in htmls)
+        up[html_comp] = gr.update(value=body, visible=True)
+    else:
+        up[html_comp] = gr.update(value="", visible=False)
+    for j, comp in enumerate(plots):
+        if j < len(plots_in):
+            up[comp] = gr.update(value=plots_in[j][1], visible=True, label=plots_in[j][0])
+        else:
+            up[comp] = gr.update(visible=False)
+    return up
+
+
+def insp_header(k: int, trace: dict[str, Any], step: int, count: int) -> str:
+    """The header of lane ``k``'s inspector column: decoder, step and step kind."""
+    dec = esc(trace.get("decoder") or "?")
+    where = f"step {step} of {count - 1}" if count else "no steps"
+    kind = ""
+    steps = trace.get("steps") or []
+    if count and 0 <= step < len(steps) and isinstance(steps[step], dict):
+        kind = f" · {esc(steps[step].get('kind', ''))} step"
+    return (f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k} · {dec}'
+            f'<span class="insp-where">{where}{kind}</span></div>')
+
+
+class PlotPacer:
+    """Decides when a streaming run may redraw plots, so drawing never crowds out decoding.
+
+    Each kind of redraw ("strip": the comparison strip; "lanes": every lane's plots) waits
+    at least its base period and at least ``factor`` times what its last redraw cost, which
+    keeps plotting under about 1/factor of the time however slow the machine is.
+    """
+
+    BASE = {"strip": 2 * PLOT_EVERY_S, "lanes": 8 * PLOT_EVERY_S}
+
+    def __init__(self, factor: float = 8.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.factor, self.clock = factor, clock
+        self.last: dict[str, float] = {}
+        self.cost: dict[str, float] = {}
+
+    def due(self, kind: str, now: float) -> bool:
+        """Whether a redraw of ``kind`` may happen at ``now``."""
+        if kind not in self.last:
+            self.last[kind] = now  # the first frames show text only; plots follow
+            return False
+        wait = max(self.BASE[kind], self.factor * self.cost.get(kind, 0.0))
+        return now - self.last[kind] >= wait
+
+    def timed(self, kind: str) -> Any:
+        """Context manager that records the cost of one redraw of ``kind``."""
+        pacer = self
+
+        class _T:
+            def __enter__(self) -> None:
+                self.t0 = pacer.clock()
+
+            def __exit__(self, *exc: Any) -> None:
+                end = pacer.clock()
+                pacer.cost[kind] = end - self.t0
+                pacer.last[kind] = end
+                if kind == "lanes":
+                    pacer.last["strip"] = end  # a lanes redraw includes the strip
+
+        return _T()
