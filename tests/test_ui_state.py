@@ -34,11 +34,11 @@ def test_every_registered_knob_maps_to_a_widget():
 
 def test_coerce_knobs_restores_ints_and_drops_stale_knobs():
     assert st.coerce_knobs("greedy", {"p": 0.5}) == {}
-    spec = st.decoder_spec("top_k")
-    if spec is None:
-        pytest.skip("top_k not registered")
+    assert st.decoder_spec("top_k") is not None
     out = st.coerce_knobs("top_k", {"k": 40.0, "temperature": 0.7, "gone": 1})
     assert out == {"k": 40, "temperature": 0.7} and isinstance(out["k"], int)
+    # a refused value is kept as given (the lane check refuses it), never clamped
+    assert st.coerce_knobs("top_k", {"k": 0, "temperature": -1.0}) == {"k": 0, "temperature": -1.0}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -119,10 +119,172 @@ def test_share_url_and_titles():
 
 
 def test_knob_summary_lists_only_changed_knobs_and_is_escaped():
-    if st.decoder_spec("top_k") is None:
-        pytest.skip("top_k not registered")
+    assert st.decoder_spec("top_k") is not None
     assert st.knob_summary("top_k", st.default_knobs("top_k")) == ""
     assert st.knob_summary("top_k", {"k": 20, "temperature": 1.0}) == "k=20"
     info = st.decoder_info_md("top_k", {"k": 20})
     assert info.endswith("**k=20**")
     assert "<" not in st.decoder_info_md("<script>")
+
+
+# ---------------------------------------------------------------------- knob values reach the run as shown
+@pytest.mark.parametrize("decoder, knobs, message", [
+    ("speculative", {"gamma": 100}, "lane 2 (speculative): knob 'gamma'=100 is out of range [1, 32]"),
+    ("top_p", {"temperature": -1.0}, "lane 2 (top_p): knob 'temperature'=-1 is out of range [0, 10]"),
+    ("top_p", {"p": "abc"}, "lane 2 (top_p): knob 'p' must be a number, got 'abc'; allowed: [0, 1]"),
+    ("top_k", {"k": 5.5}, "lane 2 (top_k): knob 'k' must be an integer, got 5.5; allowed: [1, 1000000]"),
+    ("top_p", {"p": None}, "knob 'p' must be a number, got None; allowed: [0, 1]"),
+    ("beam", {"early_stopping": "maybe"}, "knob 'early_stopping'='maybe' is not one of:"),
+])
+def test_a_refused_knob_names_the_lane_the_knob_and_its_range(decoder, knobs, message):
+    with pytest.raises(PlaygroundError) as e:
+        st.check_knobs(decoder, knobs, lane=2)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    name = next(iter(knobs))
+    assert st.knob_errors(decoder, knobs)[name] in str(e.value)
+
+
+def test_checked_knobs_are_the_values_given_in_their_types():
+    out = st.check_knobs("speculative", {"gamma": 7.0, "temperature": 0.25, "accept": "strict", "stale_p": 3})
+    assert out == {"gamma": 7, "temperature": 0.25, "accept": "strict"} and isinstance(out["gamma"], int)
+    assert st.knob_errors("speculative", {"gamma": 7.0, "temperature": 0.25}) == {}
+    # a knob of the decoder picked before has no control now: dropped, not refused
+    assert st.check_knobs("greedy", {"gamma": 100}) == {}
+    with pytest.raises(PlaygroundError, match="unknown decoder"):
+        st.check_knobs("no-such-decoder", {}, lane=1)
+
+
+def _numeric_knobs():
+    return [(d, k, p) for d, s in sorted(st.decoder_specs().items()) for k, p in s["params"].items()
+            if p["type"] in ("int", "float")]
+
+
+def test_page_checks_agree_with_the_engine_and_never_clamp():
+    """For every numeric knob of every decoder: a value the page accepts is the value the
+    engine validates to, and a value the page refuses the engine refuses too."""
+    from hypothesis import given, settings, strategies as hs
+
+    from decoders.base import get_decoder
+
+    knobs = _numeric_knobs()
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(hs.sampled_from(knobs), hs.one_of(hs.floats(allow_nan=False, allow_infinity=False),
+                                             hs.integers(-10**7, 10**7), hs.text(max_size=4)))
+    def check(knob, value):
+        dec, name, _spec = knob
+        try:
+            engine = get_decoder(dec).params.validate(dec, {name: value})[name]
+        except PlaygroundError:
+            engine = PlaygroundError
+        if engine is PlaygroundError:
+            with pytest.raises(PlaygroundError, match=repr(name)):
+                st.check_knobs(dec, {name: value}, lane=1)
+        else:
+            assert st.check_knobs(dec, {name: value}) == {name: engine}
+            assert float(engine) == float(value)  # never clamped, never replaced
+
+    check()
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_non_finite_values_are_refused_with_a_message(value):
+    for dec, name, _spec in [("speculative", "gamma", None), ("top_p", "p", None)]:
+        with pytest.raises(PlaygroundError, match=f"lane 1 \\({dec}\\): knob '{name}'"):
+            st.check_knobs(dec, {name: value}, lane=1)
+
+
+def test_lane_request_refuses_a_missing_draft_and_never_uses_the_target():
+    for draft in (None, "", "  ", st.NO_DRAFT):
+        with pytest.raises(PlaygroundError, match=r"lane 3 \(speculative\): pick a draft model"):
+            st.lane_request(st.LaneConfig("speculative", {}, draft=draft), "tiny-shakespeare", "hi", 0, 8, lane=3)
+    req = st.lane_request(st.LaneConfig("speculative", {"gamma": 3}, draft="tiny-shakespeare-draft"),
+                          "tiny-shakespeare", "hi", 0, 8)
+    assert req["draft"] == "tiny-shakespeare-draft" and req["params"] == {"gamma": 3}
+    with pytest.raises(PlaygroundError, match="'gamma'=0 is out of range"):
+        st.lane_request(st.LaneConfig("speculative", {"gamma": 0}, draft="d"), "m", "hi", 0, 8)
+
+
+def test_check_lanes_reports_each_refused_lane():
+    lanes = [st.LaneConfig("greedy"), st.LaneConfig("top_p", {"p": 1.5}), st.LaneConfig("speculative", {}),
+             st.LaneConfig("", {})]
+    checked, errors = st.check_lanes(lanes)
+    assert set(errors) == {2, 3, 4}
+    assert "lane 2 (top_p): knob 'p'=1.5 is out of range [0, 1]" == errors[2]
+    assert "pick a draft model" in errors[3] and errors[4] == "lane 4: pick a decoder"
+    assert checked[0] == st.LaneConfig("greedy")
+
+
+def test_used_knobs_are_the_decoders_own_with_defaults_filled_in():
+    used = st.used_knobs("top_p", {"p": 0.5, "gamma": 4})
+    assert used.startswith("p=0.5 · temperature=1") and "gamma" not in used
+    assert used.count("=") == len(st.decoder_spec("top_p")["params"])
+    assert st.used_knobs("greedy", {"gamma": 4}) == ""
+    assert "gamma" not in st.decoder_info_md("top_p", {"gamma": 9, "p": 0.5})
+
+
+# ---------------------------------------------------------------------- lanes and budgets
+def test_lane_buttons_respect_the_limits_and_say_so():
+    assert st.add_lane(3, 6) == (4, None)
+    n, msg = st.add_lane(6, 6)
+    assert n == 6 and "6 lanes is the most" in msg
+    assert st.remove_lane(3) == (2, None)
+    n, msg = st.remove_lane(2)
+    assert n == st.MIN_LANES == 2 and "at least 2 lanes" in msg
+    assert st.lane_buttons(2, 6) == (True, False)
+    assert st.lane_buttons(6, 6) == (False, True)
+    assert st.lane_buttons(4, 4) == (False, True)
+
+
+def test_a_new_lane_gets_a_decoder_its_model_can_run():
+    lane = st.new_lane(st.DEFAULT_DIFFUSION)
+    assert st.decoder_spec(lane.decoder)["kind"] == "diffusion"
+    assert lane.params == st.default_knobs(lane.decoder)
+    assert st.new_lane(st.DEFAULT_MODEL).decoder == "greedy"
+    assert st.decoder_spec(st.new_lane("org/some-model", page_kind="diffusion").decoder)["kind"] == "diffusion"
+    assert st.new_lane("org/some-model").decoder == "greedy"
+
+
+def test_the_budget_is_what_the_context_leaves_after_the_prompt():
+    assert st.new_token_budget(512, 12) == 500
+    assert st.new_token_budget(512, 12, limit=256) == 256
+    assert st.new_token_budget(10, 12) == 0
+    assert st.budget_note("tiny", 512, 12) == "up to 500 (tiny: context 512 − prompt 12 tokens)"
+    assert st.budget_note("tiny", 512, 12, limit=256).startswith("up to 256 (this instance's limit")
+    st.check_budget(500, "tiny", 512, 12)
+    with pytest.raises(PlaygroundError, match="max new tokens 1024 is over the budget of 500: 'tiny' has a "
+                                              "512-token context and the prompt takes 12"):
+        st.check_budget(1024, "tiny", 512, 12)
+    with pytest.raises(PlaygroundError, match="fills the 512-token context"):
+        st.check_budget(1, "tiny", 512, 512)
+
+
+def test_check_page_enforces_the_budget_of_the_model_and_prompt_it_was_measured_for():
+    budget = {"model": "m", "prompt": "hi", "context": 64, "prompt_tokens": 4}
+    assert st.check_page("m", "hi", 0, 60, [st.LaneConfig()], budget=budget) == (0, 60)
+    with pytest.raises(PlaygroundError, match="over the budget of 60"):
+        st.check_page("m", "hi", 0, 61, [st.LaneConfig()], budget=budget)
+    # measured for another model or prompt: not applied here (the engine checks each lane)
+    assert st.check_page("m2", "hi", 0, 61, [st.LaneConfig()], budget=budget) == (0, 61)
+    assert st.check_page("m", "hello", 0, 61, [st.LaneConfig()], budget=budget) == (0, 61)
+
+
+# ---------------------------------------------------------------------- inspector alignment and focus
+def test_scrubber_aligns_lanes_by_step_or_by_token_position():
+    counts = [6, 3, 0]
+    # lane 1 commits one token per step; lane 2 commits 4, 4 and 2 tokens in its 3 steps
+    positions = [[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 1, 1, 1, 2, 2], []]
+    assert st.aligned_steps(4, "step", counts, positions) == [4, 2, 0]
+    assert st.aligned_steps(4, "position", counts, positions) == [4, 1, 0]
+    assert st.aligned_steps(9, "position", counts, positions) == [5, 2, 0]
+    assert st.scrub_top("step", counts, positions) == 6
+    assert st.scrub_top("position", counts, positions) == 10
+    assert st.position_of_step(positions[1], 1) == 4
+    assert st.position_of_step([0, 2, 2], 1) == 0
+
+
+def test_focus_shows_one_lane_or_all():
+    assert st.inspector_shown(3, 0) == [True, True, True]
+    assert st.inspector_shown(3, 2) == [False, True, False]
+    assert st.inspector_shown(3, 5) == [True, True, True]
+    assert st.focus_choices(2) == [("all lanes", 0), ("Lane 1 only", 1), ("Lane 2 only", 2)]

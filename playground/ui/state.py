@@ -62,8 +62,7 @@ def knob_summary(name: str | None, knobs: dict[str, Any] | None) -> str:
     parts = []
     for k, spec in s["params"].items():
         if k in knobs and knobs[k] != spec["default"]:
-            v = knobs[k]
-            parts.append(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")
+            parts.append(_knob_text(k, knobs[k]))
     return " · ".join(parts)
 
 
@@ -144,20 +143,98 @@ def default_knobs(decoder: str | None) -> dict[str, Any]:
     return {k: v["default"] for k, v in s["params"].items()} if s else {}
 
 
-def coerce_knobs(decoder: str, knobs: dict[str, Any]) -> dict[str, Any]:
-    """Knob values as the page holds them (sliders give floats for ints) in their types;
-    unknown knobs are dropped (they belong to the decoder picked before)."""
-    s = decoder_spec(decoder)
-    if s is None:
-        return dict(knobs or {})
+def knob_range(spec: dict[str, Any]) -> str:
+    """What a knob accepts, for messages: ``[0, 1]``, ``one of: a, b``, ``true or false``."""
+    typ = spec.get("type")
+    if typ in ("int", "float"):
+        lo, hi = spec.get("min"), spec.get("max")
+        fmt = (lambda x: f"{int(x)}") if typ == "int" else (lambda x: f"{x:g}")
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+            return f"[{fmt(lo)}, {fmt(hi)}]"
+        return "an integer" if typ == "int" else "a number"
+    if typ == "choice":
+        return "one of: " + ", ".join(str(c) for c in spec.get("choices") or [])
+    if typ == "bool":
+        return "true or false"
+    if spec.get("items"):
+        return "a comma list of: " + ", ".join(spec["items"])
+    return "text"
+
+
+def knob_error(decoder: str, name: str, value: Any) -> str | None:
+    """Why ``value`` is refused for knob ``name`` of ``decoder`` (one line naming the knob and
+    what it accepts), or None when the run would use exactly this value."""
+    from decoders.base import get_decoder
+
+    params = get_decoder(decoder).params
+    if name not in params:
+        return f"decoder {decoder!r} has no knob {name!r}"
+    spec = params[name]
+    allowed = knob_range(spec.to_dict())
+    try:
+        spec.check(name, value)
+    except PlaygroundError as e:
+        msg = str(e)
+        # The spec's own messages name the range for out-of-range values, not for wrong types.
+        return msg if allowed in msg else f"{msg}; allowed: {allowed}"
+    except (ArithmeticError, ValueError):
+        # Int.check converts inf/nan with int(), which raises instead of refusing.
+        return f"knob {name!r} must be {'an integer' if spec.type == 'int' else 'a number'}, got {value!r}; " \
+               f"allowed: {allowed}"
+    return None
+
+
+def check_knobs(decoder: str, knobs: dict[str, Any] | None, lane: int | None = None) -> dict[str, Any]:
+    """The knob values a lane's controls hold, checked by the decoder's own spec
+    (``Param.check``, as the CLI and the engine do) and converted to their types.
+
+    A value is never clamped or replaced: a bad one raises a one-line PlaygroundError naming
+    the lane, the knob and its range. Knobs the decoder does not have are dropped: they are
+    left over from a decoder picked before and no control shows them.
+    """
+    from decoders.base import get_decoder
+
+    where = f"lane {lane} ({decoder}): " if lane is not None else ""
+    try:
+        params = get_decoder(decoder).params
+    except PlaygroundError as e:
+        raise PlaygroundError(f"lane {lane}: {e}" if lane is not None else str(e)) from None
     out: dict[str, Any] = {}
     for k, v in (knobs or {}).items():
-        spec = s["params"].get(k)
-        if spec is None:
+        if k not in params:
             continue
-        if spec["type"] == "int" and isinstance(v, float) and v.is_integer():
-            v = int(v)
-        out[k] = v
+        err = knob_error(decoder, k, v)
+        if err:
+            raise PlaygroundError(where + err)
+        out[k] = params[k].check(k, v)
+    return out
+
+
+def knob_errors(decoder: str, knobs: dict[str, Any] | None) -> dict[str, str]:
+    """Every refused knob of ``decoder`` in ``knobs`` with its message (empty when all pass)."""
+    s = decoder_spec(decoder)
+    if s is None:
+        return {}
+    return {k: e for k, v in (knobs or {}).items() if k in s["params"] and (e := knob_error(decoder, k, v))}
+
+
+def coerce_knobs(decoder: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    """Knob values as the page holds them (sliders give floats for ints) in their types;
+    unknown knobs are dropped (they belong to the decoder picked before).
+
+    Never raises and never clamps: a value the spec refuses is kept as given, so the lane's
+    check (:func:`check_lane`, before anything loads) refuses it with its message.
+    """
+    from decoders.base import get_decoder
+
+    if decoder_spec(decoder) is None:
+        return dict(knobs or {})
+    params = get_decoder(decoder).params
+    out: dict[str, Any] = {}
+    for k, v in (knobs or {}).items():
+        if k not in params:
+            continue
+        out[k] = v if knob_error(decoder, k, v) else params[k].check(k, v)
     return out
 
 
@@ -191,6 +268,15 @@ def needs_draft(decoder: str | None) -> bool:
     return bool(s and s["needs_draft"])
 
 
+def model_kind(name: str | None) -> str | None:
+    """``causal``/``diffusion`` for the bundled models, None for any other (unknown until loaded)."""
+    if name == DEFAULT_DIFFUSION:
+        return "diffusion"
+    if name in (DEFAULT_MODEL, DEFAULT_DRAFT):
+        return "causal"
+    return None
+
+
 def lane_model_for(decoder: str, page_model: str, lane_model: str | None) -> str | None:
     """The model a lane should use when its decoder is picked.
 
@@ -200,22 +286,138 @@ def lane_model_for(decoder: str, page_model: str, lane_model: str | None) -> str
     s = decoder_spec(decoder)
     if s is None:
         return lane_model
-    page_kind = "diffusion" if page_model == DEFAULT_DIFFUSION else "causal" if page_model in (DEFAULT_MODEL, DEFAULT_DRAFT) else None
+    page_kind = model_kind(page_model)
     if page_kind is None or s["kind"] == page_kind:
         return None if lane_model in (None, page_model) else lane_model
     return DEFAULT_DIFFUSION if s["kind"] == "diffusion" else DEFAULT_MODEL
 
 
-def lane_request(cfg: LaneConfig, page_model: str, prompt: str, seed: int, max_new_tokens: int) -> dict[str, Any]:
-    """The keyword arguments of ``engine.prepare`` for one lane."""
-    draft = cfg.draft if needs_draft(cfg.decoder) else None
+# The decoder a new lane starts with, by the kind of model it will run on.
+FIRST_DECODER = {"causal": ("greedy",), "diffusion": ("llada", "masked_diffusion", "fast_dllm")}
+
+
+def decoder_for_kind(kind: str | None) -> str:
+    """A decoder that runs on a model of ``kind`` (greedy when the kind is unknown)."""
+    specs = decoder_specs()
+    for name in FIRST_DECODER.get(kind or "causal", ()):
+        if name in specs:
+            return name
+    return next((n for n, s in specs.items() if s["kind"] == kind), "greedy")
+
+
+def new_lane(page_model: str, page_kind: str | None = None) -> LaneConfig:
+    """The lane "+ Lane" adds: a decoder the page's model can run, at its default knobs.
+
+    ``page_kind`` is the loaded model's kind when the page knows it; bundled models are
+    known by name, so a lane added to a diffusion preset gets a diffusion decoder.
+    """
+    dec = decoder_for_kind(page_kind or model_kind(page_model) or "causal")
+    return LaneConfig(decoder=dec, params=default_knobs(dec),
+                      draft=DEFAULT_DRAFT if needs_draft(dec) else None)
+
+
+def add_lane(n: int, max_lanes: int) -> tuple[int, str | None]:
+    """The lane count after "+ Lane", and a note when the limit stopped it."""
+    n = int(n or 0)
+    if n >= max_lanes:
+        return max_lanes, f"{max_lanes} lanes is the most this page runs side by side"
+    return n + 1, None
+
+
+def remove_lane(n: int, min_lanes: int = MIN_LANES) -> tuple[int, str | None]:
+    """The lane count after "− Lane", and a note when the limit stopped it."""
+    n = int(n or 0)
+    if n <= min_lanes:
+        return max(n, min_lanes), f"a comparison needs at least {min_lanes} lanes"
+    return n - 1, None
+
+
+def lane_buttons(n: int, max_lanes: int, min_lanes: int = MIN_LANES) -> tuple[bool, bool]:
+    """Whether "+ Lane" and "− Lane" can do anything at ``n`` lanes."""
+    return int(n or 0) < max_lanes, int(n or 0) > min_lanes
+
+
+def check_lane(cfg: LaneConfig, lane: int | None = None) -> LaneConfig:
+    """A lane as it will run: its decoder exists, its knobs are the ones shown (checked,
+    never clamped) and a decoder that needs a draft has one picked. Messages name lane
+    ``lane`` (1-based) when given."""
+    head = f"lane {lane}: " if lane is not None else ""
+    if not cfg.decoder or decoder_spec(cfg.decoder) is None:
+        raise PlaygroundError(head + ("pick a decoder" if not cfg.decoder else f"unknown decoder {cfg.decoder!r}"))
+    params = check_knobs(cfg.decoder, cfg.params, lane=lane)
+    draft = (cfg.draft or "").strip() or None
+    if draft == NO_DRAFT:
+        draft = None
+    if needs_draft(cfg.decoder) and draft is None:
+        where = f"lane {lane} ({cfg.decoder}): " if lane is not None else f"{cfg.decoder}: "
+        raise PlaygroundError(where + "pick a draft model — this decoder needs one")
+    return LaneConfig(decoder=cfg.decoder, params=params, draft=draft if needs_draft(cfg.decoder) else None,
+                      model=cfg.model)
+
+
+def lane_request(cfg: LaneConfig, page_model: str, prompt: str, seed: int, max_new_tokens: int,
+                 lane: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``engine.prepare`` for one lane (checked by :func:`check_lane`)."""
+    cfg = check_lane(cfg, lane)
     return {"model": cfg.model or page_model, "decoder": cfg.decoder, "prompt": prompt,
-            "max_new_tokens": int(max_new_tokens), "seed": int(seed), "draft": draft,
-            "params": coerce_knobs(cfg.decoder, cfg.params)}
+            "max_new_tokens": int(max_new_tokens), "seed": int(seed), "draft": cfg.draft,
+            "params": dict(cfg.params)}
 
 
-def check_page(model: str, prompt: str, seed: Any, max_new_tokens: Any, lanes: list[LaneConfig]) -> tuple[int, int]:
-    """Page-level checks before anything loads; returns (seed, max_new_tokens) as ints."""
+def used_knobs(decoder: str | None, knobs: dict[str, Any] | None) -> str:
+    """Every knob a run of ``decoder`` uses, as ``p=0.5 · temperature=1`` (defaults filled in).
+
+    This is what the lane card lists after a run, read from the trace (what the engine
+    used), so a knob the decoder does not have never appears there.
+    """
+    s = decoder_spec(decoder)
+    if s is None:
+        return ""
+    vals = {**default_knobs(decoder), **{k: v for k, v in (knobs or {}).items() if k in s["params"]}}
+    return " · ".join(_knob_text(k, vals[k]) for k in s["params"])
+
+
+def _knob_text(name: str, v: Any) -> str:
+    return f"{name}={v:g}" if isinstance(v, float) else f"{name}={v}"
+
+
+# ---------------------------------------------------------------------- budgets
+def new_token_budget(context_length: int, prompt_tokens: int, limit: int | None = None) -> int:
+    """How many new tokens a model's context leaves after the prompt (and the hosting limit)."""
+    left = max(0, int(context_length) - int(prompt_tokens))
+    return min(left, int(limit)) if limit is not None else left
+
+
+def budget_note(model: str, context_length: int, prompt_tokens: int, limit: int | None = None) -> str:
+    """The budget as the max-new-tokens control shows it."""
+    b = new_token_budget(context_length, prompt_tokens, limit)
+    why = f"{model}: context {context_length} − prompt {prompt_tokens} tokens"
+    if limit is not None and b == limit and context_length - prompt_tokens > limit:
+        why = f"this instance's limit; {why}"
+    return f"up to {b} ({why})"
+
+
+def check_budget(max_new_tokens: int, model: str, context_length: int, prompt_tokens: int,
+                 limit: int | None = None) -> None:
+    """Refuse ``max_new_tokens`` beyond what ``model``'s context leaves after the prompt."""
+    b = new_token_budget(context_length, prompt_tokens, limit)
+    if b < 1:
+        raise PlaygroundError(f"the prompt ({prompt_tokens} tokens) fills the {context_length}-token context "
+                              f"of {model!r}: shorten it")
+    if int(max_new_tokens) > b:
+        raise PlaygroundError(f"max new tokens {int(max_new_tokens)} is over the budget of {b}: {model!r} has a "
+                              f"{context_length}-token context and the prompt takes {prompt_tokens}")
+
+
+def check_page(model: str, prompt: str, seed: Any, max_new_tokens: Any, lanes: list[LaneConfig],
+               budget: dict[str, Any] | None = None) -> tuple[int, int]:
+    """Page-level checks before anything loads; returns (seed, max_new_tokens) as ints.
+
+    ``budget`` (``{"model", "prompt", "context", "prompt_tokens"}``, what the page learnt
+    when the model loaded or the prompt changed) refuses a max new tokens the model's context
+    cannot hold; a budget for another model or prompt is ignored (the engine checks again). Lanes are
+    checked separately with :func:`check_lanes`.
+    """
     from playground.settings import limits
 
     lim = limits()
@@ -237,11 +439,27 @@ def check_page(model: str, prompt: str, seed: Any, max_new_tokens: Any, lanes: l
         raise PlaygroundError(f"max new tokens must be a positive integer, got {max_new_tokens!r}")
     if mnt > lim.max_new_tokens:
         raise PlaygroundError(f"max new tokens {int(mnt)} is over this instance's limit of {lim.max_new_tokens}")
+    if budget and budget.get("model") == model and budget.get("prompt") == prompt and budget.get("context"):
+        check_budget(int(mnt), model, int(budget["context"]), int(budget.get("prompt_tokens") or 0))
     if not lanes:
         raise PlaygroundError("add at least one lane")
     if len(lanes) > lim.max_lanes:
         raise PlaygroundError(f"{len(lanes)} lanes is over this instance's limit of {lim.max_lanes}")
     return seed_i, int(mnt)
+
+
+def check_lanes(lanes: list[LaneConfig]) -> tuple[list[LaneConfig], dict[int, str]]:
+    """Every lane as it will run, and the refusal of each lane that cannot (1-based lane ->
+    one-line message); a refused lane keeps its config as given."""
+    out: list[LaneConfig] = []
+    errors: dict[int, str] = {}
+    for j, cfg in enumerate(lanes, start=1):
+        try:
+            out.append(check_lane(cfg, j))
+        except PlaygroundError as e:
+            errors[j] = str(e)
+            out.append(cfg)
+    return out, errors
 
 
 # ---------------------------------------------------------------------- presets
@@ -305,6 +523,66 @@ def _int(x: Any, default: int) -> int:
         return int(x)
     except (TypeError, ValueError):
         return default
+
+
+# ---------------------------------------------------------------------- inspector
+ALIGN_CHOICES = [("by step (each lane's own steps)", "step"), ("by token position", "position")]
+
+
+def aligned_steps(value: int, mode: str, step_counts: list[int], position_steps: list[list[int]]) -> list[int]:
+    """The step each lane's inspector shows for scrubber ``value``.
+
+    ``mode`` "step": ``value`` is a step index, the same in every lane (clamped to the lane's
+    last step). ``mode`` "position": ``value`` is an output token position, and each lane
+    shows the step that produced its token there (``position_steps[j][p]``), or its last
+    step when its output is shorter — so lanes are compared at the same token, not at the
+    same count of their own (differently sized) steps.
+    """
+    v = max(0, int(value or 0))
+    out = []
+    for j, n in enumerate(step_counts):
+        if n <= 0:
+            out.append(0)
+            continue
+        ps = position_steps[j] if mode == "position" and j < len(position_steps) else None
+        if ps is None:
+            s = v if mode != "position" else n - 1
+        else:
+            s = ps[v] if v < len(ps) else n - 1
+        out.append(max(0, min(int(s), n - 1)))
+    return out
+
+
+def scrub_top(mode: str, step_counts: list[int], position_steps: list[list[int]]) -> int:
+    """How many values the scrubber has: the most steps, or the longest output by position."""
+    if mode == "position":
+        return max((len(p) for p in position_steps), default=0)
+    return max(step_counts, default=0)
+
+
+def position_of_step(position_steps: list[int], step: int) -> int:
+    """The first token position a lane's step produced (for a token click under position
+    alignment); the last position before it when that step produced none."""
+    best = 0
+    for p, s in enumerate(position_steps):
+        if s == step:
+            return p
+        if s < step:
+            best = p
+    return best
+
+
+def inspector_shown(n_lanes: int, focus: int | None) -> list[bool]:
+    """Which lanes' inspector columns show: all ``n_lanes``, or only lane ``focus`` (1-based)."""
+    f = int(focus or 0)
+    if not 1 <= f <= n_lanes:
+        return [True] * n_lanes
+    return [j + 1 == f for j in range(n_lanes)]
+
+
+def focus_choices(n_lanes: int) -> list[tuple[str, int]]:
+    """The focus picker: every lane side by side, or one lane at full width."""
+    return [("all lanes", 0)] + [(f"Lane {k} only", k) for k in range(1, n_lanes + 1)]
 
 
 # ---------------------------------------------------------------------- display
