@@ -182,8 +182,9 @@ def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int
     prepared: list[Lane] = []
     errors: dict[int, str] = {}
     for j, cfg in enumerate(lanes):
-        req = st.lane_request(cfg, model, prompt, seed, max_new_tokens)
         try:
+            # lane_request refuses a knob out of range or a missing draft: that lane fails, not the page
+            req = st.lane_request(cfg, model, prompt, seed, max_new_tokens)
             prepared.append(Lane(run=prepare(**req), label=cfg.decoder))
         except Exception as e:  # noqa: BLE001 - a lane that cannot start must not take the page down
             if not isinstance(e, PlaygroundError):
@@ -191,7 +192,7 @@ def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int
             msg = str(e) if isinstance(e, PlaygroundError) else one_line(f"could not start: {type(e).__name__}: {e}")
             errors[j] = msg
             prepared.append(Lane(error=msg, label=cfg.decoder,
-                                 stub=error_trace(msg, decoder=cfg.decoder, model=req["model"], prompt=prompt,
+                                 stub=error_trace(msg, decoder=cfg.decoder, model=cfg.model or model, prompt=prompt,
                                                   params=cfg.params, seed=seed)))
     if errors and len(errors) == len(lanes) and len(set(errors.values())) == 1:
         raise PlaygroundError(next(iter(errors.values())))
