@@ -15,7 +15,7 @@ from decoders.base import Context, Decoder, get_decoder
 from playground.errors import Cancelled, PlaygroundError
 from playground.models import ModelHandle, load_model, token_pieces
 from playground.settings import limits
-from playground.trace import Step, Trace, TraceRecorder
+from playground.trace import Step, Trace, TraceRecorder, committed_count
 
 
 class Run:
@@ -73,7 +73,9 @@ class Run:
         if self.done:
             return dict(self.trace.stats)
         tf = self.ctx.target.forwards
-        n = len(self.output)
+        # a diffusion run's output so far is its canvas: count its committed positions
+        live = self.output if self.decoder.output_override is None else self.decoder.output_override
+        n = committed_count(live, self.trace.steps)
         return {"new_tokens": n, "target_forwards": tf,
                 "draft_forwards": self.recorder.draft_count("forwards"),
                 "tokens_per_target_forward": round(n / tf, 4) if tf else 0.0,

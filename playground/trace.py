@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 SCHEMA = 1
 STEP_KINDS = ("token", "draft", "denoise", "beam", "jacobi")
@@ -141,6 +141,60 @@ def validate_trace_dict(d: Any) -> None:
             raise ValueError(f"trace step {j}: 'committed' must be a list")
 
 
+# ---------------------------------------------------------------------- figures
+# Each figure has one definition, here; the decoders' stats, the plots, the lane's stats
+# line and the benches compute it with these functions and show it under these names
+# (docs/internals.md, "Stats and figures").
+FIGURE_NAMES = {
+    "new_tokens": "tokens",
+    "tokens_per_target_forward": "tokens/forward",
+    "acceptance_rate": "acceptance",
+    "mean_accepted_length": "mean accepted length",
+    "tokens_per_verification": "tokens per verification",
+}
+
+
+def speculative_figures(drafted: int, accepted: int, verifications: int, committed: int) -> dict[str, float]:
+    """The speculative figures of ``verifications`` draft-then-verify steps.
+
+    ``acceptance_rate`` = accepted drafted tokens / drafted tokens (every drafted token of a
+    tree counts, so a wide tree scores lower than a chain that accepts as much);
+    ``mean_accepted_length`` = accepted drafted tokens / verifications;
+    ``tokens_per_verification`` = tokens the verifications committed (accepted plus the
+    target's correction or bonus token) / verifications. 0.0 where the divisor is 0.
+    """
+    def ratio(a: int, b: int) -> float:
+        return round(a / b, 4) if b else 0.0
+
+    return {"acceptance_rate": ratio(accepted, drafted),
+            "mean_accepted_length": ratio(accepted, verifications),
+            "tokens_per_verification": ratio(committed, verifications)}
+
+
+def mask_id_in(steps: Sequence[Any]) -> int | None:
+    """The mask id of the last denoise step (a :class:`Step` or its dict), or None."""
+    for s in reversed(steps):
+        kind = s.kind if isinstance(s, Step) else (s.get("kind") if isinstance(s, dict) else None)
+        if kind == "denoise":
+            ev = s.evidence if isinstance(s, Step) else s
+            m = ev.get("mask_id")
+            return m if isinstance(m, int) and not isinstance(m, bool) else None
+    return None
+
+
+def committed_count(output_ids: Sequence[int], steps: Sequence[Any]) -> int:
+    """The ``new_tokens`` figure: output positions holding a committed token.
+
+    A causal run's output is all committed tokens. A diffusion run's output is its canvas,
+    and a run stopped (or snapshotted) before the canvas is full still has masks there:
+    those positions are not tokens, so they are not counted.
+    """
+    mask = mask_id_in(steps)
+    if mask is None:
+        return len(output_ids)
+    return sum(1 for t in output_ids if t != mask)
+
+
 class TraceRecorder:
     """Stamps steps as a decoder yields them and computes the trace's measured stats.
 
@@ -182,7 +236,7 @@ class TraceRecorder:
         tr.output_ids, tr.text = [int(x) for x in output_ids], text
         tf = self.target.forwards if self.target is not None else 0
         df = self.draft_count("forwards")
-        n = len(tr.output_ids)
+        n = committed_count(tr.output_ids, tr.steps)
         tr.stats = {
             "new_tokens": n,
             "target_forwards": tf,
@@ -195,5 +249,7 @@ class TraceRecorder:
             "draft_tokens_processed": self.draft_count("tokens"),
             "steps": len(tr.steps),
         }
+        if n < len(tr.output_ids):
+            tr.stats["masked_positions"] = len(tr.output_ids) - n
         tr.stats.update(more)
         return tr

@@ -163,11 +163,39 @@ def test_accepted_length_histogram_and_acceptance_timeline():
     h = V.accepted_length_histogram(tr)
     (bar,) = [t for t in h.data if t.type == "bar"]
     assert list(bar.x) == [0, 1, 2, 3] and list(bar.y) == [0, 0, 2, 0]
+    assert "mean accepted length 2.00" in h.layout.title.text + h.layout.title.subtitle.text
+    assert "tokens per verification 3.00" in h.layout.title.text + h.layout.title.subtitle.text
     a = V.acceptance_timeline(tr)
     assert list(by_name(a, "accepted")[0].y) == [2, 2]
     assert list(by_name(a, "correction")[0].y) == [1, 0]
     assert list(by_name(a, "bonus")[0].y) == [0, 1]
-    assert by_name(a, "running rate")[0].y[-1] == pytest.approx(4 / 5)  # depths 3 and 2
+    assert list(by_name(a, "acceptance this step")[0].y) == pytest.approx([2 / 4, 2 / 2])
+    assert by_name(a, "acceptance so far")[0].y[-1] == pytest.approx(4 / 6)  # 4 of 6 drafted tokens
+
+
+def test_acceptance_has_one_definition_everywhere():
+    """acceptance = accepted drafted tokens / drafted tokens (every node of a tree counts);
+    the per-verification mean accepted length is a separate, named figure; the stats line,
+    the plots and the decoders' stats function agree on both."""
+    from playground.trace import speculative_figures
+
+    wide = [(k, None, 30 + k, k == 0 or None) for k in range(6)]  # 6 siblings, the first accepted
+    tr = trace([draft_step(wide, [0], correction=40, kind="resample"),
+                draft_step([(1, None, 21, True), (2, 1, 22, True), (3, 2, 23, False)], [1, 2], correction=24,
+                           kind="resample")])
+    figs = speculative_figures(drafted=9, accepted=3, verifications=2, committed=5)
+    assert figs == {"acceptance_rate": pytest.approx(3 / 9, abs=1e-4), "mean_accepted_length": 1.5,
+                    "tokens_per_verification": 2.5}
+    assert V.tree.trace_figures(tr) == figs
+    line = V.stats_line(tr)
+    assert "acceptance 33%" in line and "mean accepted length 1.50" in line
+    a = V.acceptance_timeline(tr)
+    assert "acceptance 33%" in a.layout.title.text and by_name(a, "acceptance so far")[0].y[-1] == pytest.approx(3 / 9)
+    h = V.accepted_length_histogram(tr)
+    assert "mean accepted length 1.50" in h.layout.title.text + (h.layout.title.subtitle.text or "")
+    # a stored trace whose stats carry another definition: the line follows the steps
+    tr["stats"]["acceptance_rate"] = 0.75
+    assert "acceptance 33%" in V.stats_line(tr)
 
 
 # ---------------------------------------------------------------------- denoise steps
@@ -203,8 +231,8 @@ def test_canvas_shows_masks_and_commits():
 def test_position_metrics_and_commits_per_step():
     tr = denoise_trace()
     fig = V.position_metrics_figure(tr, 0)
-    (now,) = by_name(fig, "confidence: committed this step")
-    (masked,) = by_name(fig, "confidence: masked")
+    (now,) = by_name(fig, "committed this step")
+    (masked,) = by_name(fig, "masked")
     assert list(now.x) == [0, 3] and list(now.y) == [0.1, 0.4]
     assert list(masked.x) == [1, 2, 4, 5] and all(v is None for v in masked.y)
     c = V.commits_per_step_figure(tr)
@@ -344,7 +372,8 @@ def test_stats_line():
     line = V.stats_line(tr)
     assert "2 tokens" in line and "2 target forwards" in line and "1.00 tokens/forward" in line
     assert "4.0 tokens/s" in line
-    assert "acceptance 80%" in V.stats_line(_tree_trace())
+    assert "acceptance 67%" in V.stats_line(_tree_trace())  # 4 accepted of 6 drafted tokens
+    assert "mean accepted length 2.00" in V.stats_line(_tree_trace())
 
 
 def test_legend_for_every_metric():

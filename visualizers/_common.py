@@ -38,18 +38,34 @@ HEIGHT = 450
 
 
 TEMPLATE = "playground"
+# Lane cards are about 400 px wide: a title line at 14 px holds ~46 characters, a subtitle
+# line at 11 px ~62. Plotly never wraps text, so base_layout wraps at these widths.
+TITLE_CHARS = 46
+SUBTITLE_CHARS = 62
+# The legend sits below the plot, anchored to the bottom of the figure: a legend above the
+# plot shares the title's row and covers it as soon as the title is long. Anchoring to the
+# container (not the plot area) makes plotly reserve that strip, so the x-axis title and
+# tick labels are pushed up instead of being drawn under the legend.
+LEGEND = {"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom",
+          "xanchor": "left", "x": 0.0, "bgcolor": "rgba(0,0,0,0)"}
+# The title hangs from the top of the figure and base_layout sizes the top margin to its
+# lines (plotly's title automargin leaves a second subtitle line over the plot).
+TITLE = {"x": 0.0, "xref": "paper", "xanchor": "left", "yref": "container", "y": 1.0, "yanchor": "top",
+         "pad": {"t": 10}, "font": {"size": 14}}
+# px, measured on rendered figures: the title line, the first subtitle line (plotly leaves a
+# gap above it), each further subtitle line, and the space kept above the plot area.
+TITLE_LINE, SUBTITLE_FIRST, SUBTITLE_LINE, TITLE_GAP = 22, 26, 15, 14
 # The shared look as a registered plotly template: assigning a template by name is several
 # times cheaper than validating the same layout keys on every figure, and the inspector
 # redraws a few figures per lane on every scrubber move.
 pio.templates[TEMPLATE] = go.layout.Template(layout={
     "height": HEIGHT,
-    "margin": {"l": 52, "r": 20, "t": 56, "b": 44},
+    "margin": {"l": 52, "r": 20, "t": 10 + TITLE_LINE + TITLE_GAP, "b": 20},
     "paper_bgcolor": "rgba(0,0,0,0)",
     "plot_bgcolor": "rgba(128,128,128,0.05)",
     "font": {"color": INK, "size": 12},
-    "title": {"x": 0.01, "xanchor": "left", "font": {"size": 14}},
-    "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0,
-               "bgcolor": "rgba(0,0,0,0)"},
+    "title": TITLE,
+    "legend": LEGEND,
     "hoverlabel": {"font": {"size": 12}},
     "bargap": 0.18,
     "colorway": LANE_COLOURS,
@@ -58,21 +74,55 @@ pio.templates[TEMPLATE] = go.layout.Template(layout={
 })
 
 
-def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, subtitle: str = "",
-                legend_below: bool = False, **more: Any) -> go.Figure:
+def wrap_parts(parts: Iterable[str], width: int, sep: str = " · ") -> list[str]:
+    """Pack ``parts`` into lines of at most ``width`` characters, joined by ``sep`` within a
+    line; a part longer than a line is broken after a comma or at a space."""
+    lines: list[str] = []
+    for p in (p for p in parts if p):
+        while len(p) > width:
+            comma = p.rfind(", ", 0, width)
+            cut = comma + 1 if comma > 0 else p.rfind(" ", 0, width)
+            if cut <= 0:
+                break
+            lines.append(p[:cut].rstrip())
+            p = p[cut:].lstrip()
+        if lines and len(lines[-1]) + len(sep) + len(p) <= width:
+            lines[-1] += sep + p
+        else:
+            lines.append(p)
+    return lines
+
+
+def split_title(title: str, subtitle: str = "") -> tuple[str, list[str]]:
+    """(title line, subtitle lines): the title's " · " parts that do not fit its line move
+    to the subtitle, ahead of ``subtitle``'s own parts; lines fit a lane card."""
+    parts = title.split(" · ")
+    head = wrap_parts(parts, TITLE_CHARS)
+    first = head[0] if head else ""
+    rest = [p for line in head[1:] for p in line.split(" · ")]
+    return first, wrap_parts(rest + (subtitle.split(" · ") if subtitle else []), SUBTITLE_CHARS)
+
+
+def top_margin(subtitle_lines: int) -> int:
+    """Top margin (px) that holds the title and ``subtitle_lines`` subtitle lines."""
+    sub = SUBTITLE_FIRST + SUBTITLE_LINE * (subtitle_lines - 1) if subtitle_lines > 0 else 0
+    return int(TITLE["pad"]["t"]) + TITLE_LINE + sub + TITLE_GAP
+
+
+def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, subtitle: str = "", **more: Any) -> go.Figure:
     """Apply the shared look (template ``playground``: transparent background, neutral ink,
-    compact margins) and a title. ``title``/``subtitle`` must already be escaped
-    (:func:`plot_text`). A figure with many legend entries puts its legend below the plot
-    so that it never covers the title."""
-    lay: dict[str, Any] = {"template": TEMPLATE, "title": {"text": title}}
-    if subtitle:
-        lay["title"]["subtitle"] = {"text": subtitle, "font": {"size": 11, "color": INK}}
-        lay["margin"] = {"t": 72}
-    if legend_below:
-        lay["legend"] = {"yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0.0}
-        lay["margin"] = {**lay.get("margin", {}), "b": 96}
+    legend below the plot, title above it) and a title. ``title``/``subtitle`` must already
+    be escaped (:func:`plot_text`); their " · "-separated parts are wrapped to the width of
+    a lane card, so nothing is cut off at the right edge."""
+    head, sub = split_title(title, subtitle)
+    lay: dict[str, Any] = {"template": TEMPLATE, "title": {"text": head}}
+    if sub:
+        lay["title"]["subtitle"] = {"text": "<br>".join(sub), "font": {"size": 11, "color": INK}}
+        lay["margin"] = {"t": top_margin(len(sub))}
     if height != HEIGHT:
         lay["height"] = height
+    if isinstance(more.get("margin"), dict):
+        lay["margin"] = {**lay.get("margin", {}), **more.pop("margin")}
     lay.update(more)
     fig.update_layout(lay)
     return fig

@@ -1,5 +1,11 @@
 """Beam steps: the beam tree — every hypothesis kept at each step, linked to its parent,
-coloured by score, with the lineage of the beams alive at the chosen step drawn bold."""
+coloured by its log-probability, with the lineage of the beams alive at the chosen step drawn
+bold.
+
+Every beam plot uses one scale, the hypothesis's summed log-probability (:func:`beam_logprob`):
+beam search reports its running beams that way but its finished ones by the length-normalised
+score it ranks them with, and plotting both made a curve jump from −58 to −1.5 at the end.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,29 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    FINAL, GRID, INK, base_layout, empty_figure, fmt, ints, label, num, pick_step, plot_text,
+    FINAL, GRID, HEIGHT, base_layout, empty_figure, fmt, ints, num, pick_step, plot_text,
     steps_of, token_text, visible, wrong_kind,
 )
 
-WINDOW = 32  # beam steps shown at once; older ones scroll out so labels stay readable
+WINDOW = 16  # beam steps shown at once (older ones scroll out): ~17 px a step on a lane card
+LABEL_CHARS = 12  # the last column's labels: each beam's latest text, beside its node
+# Decoders whose finished beams carry logprob / len ** length_penalty as their score.
+NORMALISED_FINISHED = ("beam", "diverse_beam")
+SCALE = "summed log-probability"
+
+
+def beam_logprob(trace: dict[str, Any], beam: dict[str, Any]) -> float | None:
+    """A beam's summed log-probability (``logprob`` if the beam has it, else its ``score``
+    with beam search's length normalisation of finished beams undone)."""
+    lp = num(beam.get("logprob"))
+    if lp is not None:
+        return lp
+    score = num(beam.get("score"))
+    if score is None or beam.get("finished") is not True or trace.get("decoder") not in NORMALISED_FINISHED:
+        return score
+    params = trace.get("params") if isinstance(trace.get("params"), dict) else {}
+    alpha = num(params.get("length_penalty"))
+    return score * max(len(ints(beam.get("ids"))), 1) ** (1.0 if alpha is None else alpha)
 
 
 def beams_of(step: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,33 +96,44 @@ def beam_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
     for k, layer in enumerate(layers):
         for j, b in enumerate(layer):
             ids = ints(b.get("ids"))
-            last = ids[-1] if ids else None
+            lp = beam_logprob(trace, b)
             xs.append(shown[k].get("i"))
             ys.append(j)
-            sc.append(num(b.get("score")))
-            txt.append(label(trace, last, 10) if last is not None else "")
+            sc.append(lp)
             tail = visible("".join(token_text(trace, t) for t in ids[-8:]))
+            # Only the chosen step's beams are labelled, to the right where nothing else is
+            # drawn: a label on every node piles up at a lane card's width (hover has them).
+            last = k == len(layers) - 1
+            txt.append(plot_text(("…" + tail[-LABEL_CHARS:]) if len(tail) > LABEL_CHARS else tail) if last else "")
             fin = b.get("finished") is True
             sym.append("square" if fin else "circle")
-            hov.append(f"step {shown[k].get('i')} · beam {j}{' · finished' if fin else ''}<br>"
-                       f"score {fmt(b.get('score'), 3)}<br>…{plot_text(tail[-40:])}")
+            norm = (f" · ranked by {fmt(b.get('score'), 3)} (length-normalised)"
+                    if fin and num(b.get("score")) is not None and lp != num(b.get("score")) else "")
+            hov.append(f"step {shown[k].get('i')} · beam {j + 1}{' · finished' if fin else ''}<br>"
+                       f"log-prob {fmt(lp, 3)}{norm}<br>…{plot_text(tail[-40:])}")
     have = [v for v in sc if v is not None]
     fig.add_scatter(
-        x=xs, y=ys, mode="markers+text", name="beams", text=txt, textposition="top center",
-        hovertext=hov, hoverinfo="text", showlegend=False,
-        marker={"size": 13, "symbol": sym, "line": {"width": 1, "color": "rgba(0,0,0,0.35)"},
+        x=xs, y=ys, mode="markers+text", name="beams", text=txt, textposition="middle right",
+        hovertext=hov, hoverinfo="text", showlegend=False, cliponaxis=False, textfont={"size": 10},
+        marker={"size": 12, "symbol": sym, "line": {"width": 1, "color": "rgba(0,0,0,0.35)"},
                 "color": [v if v is not None else (min(have) if have else 0) for v in sc],
                 "colorscale": "Viridis", "showscale": bool(have),
-                "colorbar": {"title": {"text": "score", "side": "right"}, "thickness": 12, "len": 0.85}},
+                "colorbar": {"title": {"text": "log-prob", "side": "right"}, "thickness": 12, "len": 0.85}},
     )
     width = max((len(layer) for layer in layers), default=1)
-    best = max(have) if have else None
-    sub = f" · best score {best:.3f}" if best is not None else ""
+    steps_x = [x for x in xs if isinstance(x, int)] or [0]
+    x0, x1 = min(steps_x), max(steps_x)
+    ticks = sorted(set(steps_x))[:: 1 if len(shown) <= 8 else 2]
+    now = [v for v in sc[len(sc) - len(layers[-1]):] if v is not None]
+    best = max(now) if now else None
+    sub = f" · best log-prob {best:.2f}" if best is not None else ""
     base_layout(fig, f"{title} · step {i} · {len(layers[-1])} beams{sub}",
-                xaxis={"title": "step", "dtick": 1 if len(shown) <= 20 else None},
-                yaxis={"title": "beam (rank)", "autorange": "reversed", "dtick": 1,
-                       "range": [width - 0.4, -0.6]})
-    fig.add_annotation(text="■ finished · ● open · bold: ancestors of the live beams", xref="paper", yref="paper",
-                       x=0, y=1.0, yshift=4, xanchor="left", yanchor="bottom", showarrow=False,
-                       font={"size": 11, "color": INK})
+                subtitle="■ finished · ● open · bold: ancestors of the live beams · colour: " + SCALE,
+                height=max(HEIGHT, min(900, 160 + 30 * width)),
+                xaxis={"title": "step", "tickmode": "array", "tickvals": ticks,
+                       # room right of the last column for its labels (~80 px)
+                       "range": [x0 - 0.5, x1 + 0.5 + max(3.0, 0.5 * len(shown))]},
+                yaxis={"title": "beam (rank)", "autorange": "reversed", "tickmode": "array",
+                       "tickvals": list(range(width)), "ticktext": [str(r + 1) for r in range(width)],
+                       "range": [width - 0.4, -0.8]})
     return fig

@@ -253,11 +253,12 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
                      f"<br>margin {fmt(at(series['margin'], p))}<br>entropy {fmt(at(series['entropy'], p), 2)} nats")
     fig = go.Figure()
     conf = [num(at(series["confidence"], p)) for p in xs]
-    # One bar trace per state, so the legend explains the colours.
+    # One bar trace per state, so the legend explains the colours (short names: a lane card's
+    # legend has room for about two entries a row).
     for name, colour in STATE_COLOURS.items():
         sel = [p for p in xs if state[p] == name]
         if sel:
-            fig.add_bar(x=sel, y=[conf[p] for p in sel], name=f"confidence: {name}", marker_color=colour,
+            fig.add_bar(x=sel, y=[conf[p] for p in sel], name=name, marker_color=colour,
                         hovertext=[hover[p] for p in sel], hoverinfo="text")
     if any(num(v) is not None for v in series["margin"]):
         fig.add_scatter(x=xs, y=[num(at(series["margin"], p)) for p in xs], name="margin (top1 − top2)",
@@ -268,8 +269,7 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
                         mode="lines", yaxis="y2", line={"color": ENTROPY, "width": 1.5, "dash": "dot"},
                         connectgaps=False, hovertext=hover, hoverinfo="text")
     base_layout(fig, f"{title} · step {i}", xaxis_title="position in the canvas", barmode="overlay",
-                legend_below=True,
-                yaxis={"title": "probability", "range": [0, 1.05]},
+                yaxis={"title": "confidence (bars) · margin", "range": [0, 1.05]},
                 yaxis2={"title": "entropy (nats)", "overlaying": "y", "side": "right", "showgrid": False,
                         "rangemode": "tozero", "tickformat": ".2~f"})
     return fig

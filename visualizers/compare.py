@@ -14,14 +14,25 @@ from visualizers.canvas import unmasked_of
 from visualizers.tokens import TokenRec, canvas_records, token_records
 
 _DASH = '<span style="opacity:0.6">–</span>'
+DASHES = ("dash", "dot", "dashdot", "longdash", "longdashdot")
 X_AXES = {"forwards": ("target_forwards", "target forward passes"), "time": ("t", "seconds"),
           "steps": ("i", "steps")}
 
 
 def lane_name(trace: Any, lane: int) -> str:
-    """“k: decoder” for legends and tables."""
+    """“k: decoder” for legends and tables; ``lane`` is the 0-based index, shown from 1 as the
+    page numbers its lane cards."""
     dec = trace.get("decoder") if isinstance(trace, dict) else None
-    return f"{lane}: {dec}" if dec else f"lane {lane}"
+    return f"{lane + 1}: {dec}" if dec else f"lane {lane + 1}"
+
+
+def coinciding(lines: list[list[tuple[Any, int]]]) -> list[list[int]]:
+    """Groups (2 or more, 0-based lane indices) of lanes whose lines are identical."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for k, pts in enumerate(lines):
+        if len(pts) > 1:
+            groups.setdefault(tuple(pts), []).append(k)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def progress_points(trace: dict[str, Any]) -> list[tuple[int, float, int, int]]:
@@ -62,9 +73,38 @@ def tokens_at(points: list[tuple[int, float, int, int]], forwards: int) -> int:
     return best
 
 
+def end_labels(lines: list[list[tuple[Any, int]]], groups: list[list[int]]) -> list[tuple[tuple[Any, int], str, int]]:
+    """(end point, label, first lane) for the lane-number labels at the lines' ends.
+
+    Identical lines share one label ("1=4"); lines ending close together (within 3 % of
+    the axes' spans) share one too ("1=4, 6"), so labels never print over each other.
+    """
+    same = {g[0]: g for g in groups}
+    inside = {k for g in groups for k in g[1:]}
+    ends = [(k, line[-1]) for k, line in enumerate(lines) if len(line) > 1 and k not in inside]
+    if not ends:
+        return []
+    xs = [float(p[0]) for line in lines for p in line]
+    ys = [float(p[1]) for line in lines for p in line]
+    dx, dy = 0.03 * ((max(xs) - min(xs)) or 1.0), 0.03 * ((max(ys) - min(ys)) or 1.0)
+    out: list[tuple[tuple[Any, int], list[str], int]] = []
+    for k, (ex, ey) in ends:
+        text = "=".join(str(j + 1) for j in same.get(k, [k]))
+        near = next((o for o in out if abs(float(o[0][0]) - float(ex)) <= dx and abs(o[0][1] - ey) <= dy), None)
+        if near is None:
+            out.append(((ex, ey), [text], k))
+        else:
+            near[1].append(text)
+    return [(pt, ", ".join(texts), k) for pt, texts, k in out]
+
+
 def progress_figure(traces: list[dict[str, Any]], x: str = "forwards") -> go.Figure:
     """Tokens decided vs target forward passes (or seconds/steps), one line per lane,
-    with who is ahead at equal compute in the title."""
+    with who is ahead at equal compute in the title.
+
+    Lanes are numbered from 1, as the page's cards are. Each line ends in its lane number, so
+    a line hidden under another still shows where it ends; lanes whose lines are identical
+    are drawn dashed over the first one and named in a note."""
     title = "Progress at equal compute"
     traces = [t for t in (traces or []) if isinstance(t, dict)]
     if not traces or not any(steps_of(t) for t in traces):
@@ -72,15 +112,31 @@ def progress_figure(traces: list[dict[str, Any]], x: str = "forwards") -> go.Fig
     key, axis = X_AXES.get(x, X_AXES["forwards"])
     fig = go.Figure()
     finals = []
+    lines: list[list[tuple[Any, int]]] = []
     for lane, tr in enumerate(traces):
         pts = progress_points(tr)
         xs = [p[0] if key == "target_forwards" else (p[1] if key == "t" else p[3] + 1) for p in pts]
+        finals.append(pts)
+        lines.append(list(zip(xs, [p[2] for p in pts])))
+    groups = coinciding(lines)
+    # each further lane of a group gets its own dash, so all of them show on the shared line
+    later = {k: DASHES[n % len(DASHES)] for g in groups for n, k in enumerate(g[1:])}
+    for lane, (tr, pts, line) in enumerate(zip(traces, finals, lines)):
+        colour = LANE_COLOURS[lane % len(LANE_COLOURS)]
         hover = [f"{plot_text(lane_name(tr, lane))}<br>step {p[3]} · {p[2]} tokens<br>"
                  f"{p[0]} target forwards · {p[1]:.2f} s" for p in pts]
-        fig.add_scatter(x=xs, y=[p[2] for p in pts], mode="lines", name=plot_text(lane_name(tr, lane)),
-                        line={"color": LANE_COLOURS[lane % len(LANE_COLOURS)], "width": 2.5, "shape": "hv"},
+        fig.add_scatter(x=[p[0] for p in line], y=[p[1] for p in line], mode="lines",
+                        name=plot_text(lane_name(tr, lane)),
+                        line={"color": colour, "width": 2 if lane in later else 3, "shape": "hv",
+                              "dash": later.get(lane, "solid")},
                         hovertext=hover, hoverinfo="text")
-        finals.append(pts)
+    for (ex, ey), text, first in end_labels(lines, groups):
+        fig.add_annotation(x=ex, y=ey, text=text, showarrow=False, xanchor="left", yanchor="middle", xshift=4,
+                           font={"size": 12, "color": LANE_COLOURS[first % len(LANE_COLOURS)]})
+    notes = []
+    for g in groups:
+        names = ", ".join(str(k + 1) for k in g[:-1]) + f" and {g[-1] + 1}"
+        notes.append(f"lanes {names} coincide (drawn dashed over each other)")
     sub = ""
     if key == "target_forwards":
         spent = [p[-1][0] for p in finals if p[-1][0] > 0]
@@ -88,9 +144,10 @@ def progress_figure(traces: list[dict[str, Any]], x: str = "forwards") -> go.Fig
             f = min(spent)
             at_f = [tokens_at(p, f) for p in finals]
             fig.add_vline(x=f, line={"color": INK, "width": 1, "dash": "dot"})
-            sub = f" · at {f} forwards: " + ", ".join(
-                f"{plot_text(lane_name(t, k))} {n}" for k, (t, n) in enumerate(zip(traces, at_f)))
-    base_layout(fig, title + sub, xaxis_title=axis, yaxis={"title": "tokens decided", "rangemode": "tozero"})
+            sub = f"tokens at {f} forwards: " + ", ".join(f"lane {k + 1} {n}" for k, n in enumerate(at_f))
+    base_layout(fig, title, subtitle=" · ".join([sub] + notes) if sub or notes else "",
+                xaxis_title=axis, yaxis={"title": "tokens decided", "rangemode": "tozero"},
+                margin={"r": 48})  # room for the lane numbers at the lines' ends
     fig.update_xaxes(rangemode="tozero")
     return fig
 
@@ -119,7 +176,8 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def divergence_html(traces: list[dict[str, Any]]) -> str:
     """Where the lanes' outputs first diverge: the shared prefix, then each lane's own
-    continuation from the first position where it differs from lane 0."""
+    continuation from the first position where it differs from the first lane. Lanes are
+    named from 1, as the page's cards; ``data-lane`` keeps the 0-based index the page uses."""
     traces = [t if isinstance(t, dict) else {} for t in (traces or [])]
     wrap = '<div class="divergence" data-first="{first}" style="font-size:0.9em;line-height:1.6">{body}</div>'
     if len(traces) < 2:
@@ -148,10 +206,10 @@ def divergence_html(traces: list[dict[str, Any]]) -> str:
             where = "reference"
             start = agree
         elif d is None:
-            where = "identical to lane 0 so far" if len(seqs[lane]) and len(seqs[0]) else "no output yet"
+            where = "identical to lane 1 so far" if len(seqs[lane]) and len(seqs[0]) else "no output yet"
             start = min(len(seqs[lane]), len(seqs[0]))
         else:
-            where = f"differs from lane 0 at position {d}"
+            where = f"differs from lane 1 at position {d}"
             start = d
         cont = "".join(
             f'<span class="tok" data-lane="{lane}" data-step="{int(r.step)}" '

@@ -126,7 +126,7 @@ def timeline_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure
     elif "denoise" in kinds:
         fig = _denoise_timeline(steps)
     elif "beam" in kinds:
-        fig = _beam_timeline(steps)
+        fig = _beam_timeline(trace, steps)
     elif "jacobi" in kinds:
         fig = _jacobi_timeline(steps)
     else:
@@ -197,11 +197,13 @@ def _denoise_timeline(steps: list[dict[str, Any]]) -> go.Figure:
     return fig
 
 
-def _beam_timeline(steps: list[dict[str, Any]]) -> go.Figure:
+def _beam_timeline(trace: dict[str, Any], steps: list[dict[str, Any]]) -> go.Figure:
+    from visualizers.beam import SCALE, beam_logprob
+
     xs, best, worst = [], [], []
     for s in steps:
         beams = s.get("beams") if isinstance(s.get("beams"), list) else []
-        scores = [num(b.get("score")) for b in beams if isinstance(b, dict)]
+        scores = [beam_logprob(trace, b) for b in beams if isinstance(b, dict)]
         scores = [x for x in scores if x is not None]
         if s.get("kind") != "beam" or not scores:
             continue
@@ -209,12 +211,13 @@ def _beam_timeline(steps: list[dict[str, Any]]) -> go.Figure:
         best.append(max(scores))
         worst.append(min(scores))
     if not xs:
-        return empty_figure("no beam scores in this trace", "Beam scores")
+        return empty_figure("no beam scores in this trace", "Beam log-probability")
     fig = go.Figure()
     fig.add_scatter(x=xs, y=worst, name="worst beam", mode="lines", line={"color": RAW})
     fig.add_scatter(x=xs, y=best, name="best beam", mode="lines+markers", line={"color": FINAL},
                     fill="tonexty", fillcolor="rgba(99,102,241,0.12)", marker={"size": 4})
-    return base_layout(fig, "Beam scores per step", xaxis_title="step", yaxis_title="score (log-prob)")
+    return base_layout(fig, "Beam log-probability per step", subtitle=f"every beam on one scale: its {SCALE}",
+                       xaxis_title="step", yaxis_title=SCALE)
 
 
 def _jacobi_timeline(steps: list[dict[str, Any]]) -> go.Figure:

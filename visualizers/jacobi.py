@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    ACCEPTED, CORRECTION, INK, at, base_layout, empty_figure, ints, label, pick_step, plot_text,
+    ACCEPTED, CORRECTION, at, base_layout, empty_figure, ints, label, pick_step, plot_text,
     steps_of, token_text, visible, wrong_kind,
 )
 
@@ -91,9 +91,8 @@ def jacobi_grid_figure(trace: dict[str, Any], step: int) -> go.Figure:
                     name="guesses", textfont={"size": 11})
     last = s.get("converged")
     sub = f" · {last} committed this pass" if isinstance(last, int) else ""
-    base_layout(fig, f"{title} · step {i}{sub}", xaxis={"title": "window position", "dtick": 1},
+    base_layout(fig, f"{title} · step {i}{sub}",
+                subtitle="green converged · orange changed since the last iteration · grey unchanged",
+                xaxis={"title": "window position", "dtick": 1},
                 yaxis={"title": "iteration", "autorange": "reversed"})
-    fig.add_annotation(text="green converged · orange changed since the last iteration · grey unchanged",
-                       xref="paper", yref="paper", x=0, y=1.0, yshift=4, xanchor="left", yanchor="bottom",
-                       showarrow=False, font={"size": 11, "color": INK})
     return fig

@@ -9,16 +9,21 @@ backgrounds so the text stays readable on light and dark pages.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from playground.trace import FIGURE_NAMES, committed_count
 from visualizers._common import html_token, ints, num, steps_of, token_text, visible
 from visualizers.canvas import commit_state, canvas_of, denoise_steps, is_masked, mask_id_of, MASK_GLYPH
 from visualizers.dist import chosen_probs
-from visualizers.tree import accepted_ids, tree_nodes
+from visualizers.tree import accepted_ids, trace_figures, tree_nodes
 
 METRICS = ("probability", "entropy", "acceptance", "unmask_step", "none")
 ENTROPY_MAX = 5.0  # nats at which the entropy colour saturates (fixed, so colours don't shift live)
+# Probability is coloured on a log scale from p = 1 (faint) to PROB_FLOOR (full): a small
+# model gives most chosen tokens p < 0.3, which a linear scale painted almost uniformly dark.
+PROB_FLOOR = 1e-3
 
 _ACCEPT_BG = {"accepted": "rgba(34,165,91,0.30)", "correction": "rgba(240,122,26,0.42)",
               "bonus": "rgba(59,130,246,0.38)", "target": ""}
@@ -162,9 +167,15 @@ def _mix(stops: list[tuple[int, int, int]], x: float, alpha: float) -> str:
     return f"rgba({c[0]},{c[1]},{c[2]},{alpha})"
 
 
+def prob_strength(p: float) -> float:
+    """0 for p = 1 up to 1 for p <= PROB_FLOOR, linear in log p (the colour's strength)."""
+    p = min(max(p, 1e-12), 1.0)
+    return min(1.0, math.log(p) / math.log(PROB_FLOOR))
+
+
 def _background(metric: str, r: TokenRec, nsteps: int) -> str:
     if metric == "probability" and r.prob is not None:
-        return f"rgba(229,72,77,{0.08 + 0.62 * (1 - min(max(r.prob, 0), 1)):.3f})"
+        return f"rgba(229,72,77,{0.06 + 0.64 * prob_strength(r.prob):.3f})"
     if metric == "entropy" and r.entropy is not None:
         return f"rgba(139,92,246,{0.08 + 0.62 * min(max(r.entropy, 0) / ENTROPY_MAX, 1):.3f})"
     if metric == "acceptance":
@@ -245,8 +256,10 @@ def legend_html(metric: str) -> str:
                 f'</span>{html.escape(hi)}</span><span style="margin-left:10px;opacity:0.75">{html.escape(what)}</span>')
 
     if metric == "probability":
-        body = ramp("linear-gradient(90deg,rgba(229,72,77,0.7),rgba(229,72,77,0.08))", "p = 0", "p = 1",
-                    "probability the model gave the chosen token (diffusion: confidence at commit)")
+        stops = ",".join(f"rgba(229,72,77,{0.06 + 0.64 * x / 3:.3f})" for x in range(4))
+        body = ramp(f"linear-gradient(90deg,{stops})", "p = 1", f"p ≤ {PROB_FLOOR:g}",
+                    "probability the model gave the chosen token, on a log scale (0.1 and 0.01 at the "
+                    "thirds; diffusion: confidence at commit)")
     elif metric == "entropy":
         body = ramp("linear-gradient(90deg,rgba(139,92,246,0.08),rgba(139,92,246,0.7))", "0 nats",
                     f"≥ {ENTROPY_MAX:g} nats", "entropy of the model's distribution at that token")
@@ -262,22 +275,11 @@ def legend_html(metric: str) -> str:
     return f'<div class="tok-legend" style="font-size:0.85em;display:flex;flex-wrap:wrap;align-items:center">{body}</div>'
 
 
-def acceptance_summary(trace: dict[str, Any]) -> tuple[int, int] | None:
-    """(accepted drafted tokens, drafted depth) summed over draft steps, or None."""
-    from visualizers.tree import accepted_length, tree_depth
-
-    acc = drafted = 0
-    seen = False
-    for s in steps_of(trace):
-        if s.get("kind") == "draft" and isinstance(s.get("tree"), dict):
-            seen = True
-            acc += accepted_length(s["tree"])
-            drafted += tree_depth(s["tree"])
-    return (acc, drafted) if seen else None
-
-
 def stats_line(trace: dict[str, Any]) -> str:
-    """tokens · target forwards · tokens/forward · acceptance · time · tokens/s (escaped text)."""
+    """tokens · target forwards · tokens/forward · acceptance · mean accepted length · time ·
+    tokens/s (escaped text). The speculative figures come from the trace's steps, by the
+    definitions of :mod:`playground.trace`, so the line agrees with the plots live and for
+    traces stored before a definition changed."""
     if not isinstance(trace, dict):
         return ""
     stats = trace.get("stats") if isinstance(trace.get("stats"), dict) else {}
@@ -285,7 +287,7 @@ def stats_line(trace: dict[str, Any]) -> str:
     last = steps[-1] if steps else {}
     n = stats.get("new_tokens")
     if not isinstance(n, int):
-        n = len(ints(trace.get("output_ids")))
+        n = committed_count(ints(trace.get("output_ids")), steps)
     tf = stats.get("target_forwards")
     tf = tf if isinstance(tf, int) else (last.get("target_forwards") if isinstance(last.get("target_forwards"), int) else 0)
     df = stats.get("draft_forwards")
@@ -293,16 +295,19 @@ def stats_line(trace: dict[str, Any]) -> str:
     wall = num(stats.get("wall_s"))
     if wall is None:
         wall = num(last.get("t"))
-    parts = [f"{n} tokens", f"{tf} target forwards" + (f" (+{df} draft)" if df else "")]
+    parts = [f"{n} {FIGURE_NAMES['new_tokens']}", f"{tf} target forwards" + (f" (+{df} draft)" if df else "")]
     if tf:
-        parts.append(f"{n / tf:.2f} tokens/forward")
-    rate = num(stats.get("acceptance_rate"))
-    if rate is None:
-        summ = acceptance_summary(trace)
-        if summ and summ[1]:
-            rate = summ[0] / summ[1]
-    if rate is not None:
-        parts.append(f"acceptance {100 * rate:.0f}%")
+        parts.append(f"{n / tf:.2f} {FIGURE_NAMES['tokens_per_target_forward']}")
+    figs = trace_figures(trace)
+    if figs is None and num(stats.get("acceptance_rate")) is not None:
+        figs = {k: num(stats.get(k)) for k in ("acceptance_rate", "mean_accepted_length")}
+    if figs is not None:
+        parts.append(f"{FIGURE_NAMES['acceptance_rate']} {100 * (figs['acceptance_rate'] or 0.0):.0f}%")
+        if figs.get("mean_accepted_length") is not None:
+            parts.append(f"{FIGURE_NAMES['mean_accepted_length']} {figs['mean_accepted_length']:.2f}")
+    masked = stats.get("masked_positions")
+    if isinstance(masked, int) and masked > 0:
+        parts.append(f"{masked} positions still masked")
     if wall is not None:
         parts.append(f"{wall:.2f} s")
         if wall > 0 and n:
@@ -312,6 +317,6 @@ def stats_line(trace: dict[str, Any]) -> str:
         parts.append(f"finished: {reason}")
     if stats.get("error"):
         parts.append(f"error: {stats['error']}")
-    if trace.get("lossy") and acceptance_summary(trace) is not None:
+    if trace.get("lossy") and figs is not None:
         parts.append("lossy acceptance")
     return html.escape(" · ".join(str(p) for p in parts))

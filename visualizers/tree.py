@@ -14,8 +14,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from playground.trace import FIGURE_NAMES, speculative_figures
 from visualizers._common import (
-    ACCEPTED, BONUS, CORRECTION, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt, int_dtick,
+    ACCEPTED, BONUS, CORRECTION, HEIGHT, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt, int_dtick,
     ints, label, num, pick_step, plot_text, steps_of, visible, token_text, wrong_kind,
 )
 
@@ -194,9 +195,10 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
 
     rx, ry = pos[ROOT]
     committed_before = _context_hint(trace, i) or (label(trace, s.get("root"), 10) if s.get("root") is not None else "")
+    # The root's label goes under it, centred: to its left it ran off the plot's edge.
     fig.add_scatter(x=[rx], y=[ry], mode="markers+text", name="context",
                     marker={"symbol": "circle", "size": 14, "color": INK},
-                    text=[committed_before or "context"], textposition="middle left",
+                    text=[committed_before or "context"], textposition="bottom center", cliponaxis=False,
                     hovertext=[f"context (output so far ends with “{committed_before}”)"],
                     hoverinfo="text", showlegend=False)
     rows_used = max((r for _, r in pos.values()), default=0) + 1
@@ -232,16 +234,19 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
     rows = max((r for _, r in pos.values()), default=0)
     extra = {"bonus": " + bonus", "resample": " + correction"}.get(kind or "", " + correction" if correction is not None else "")
     sources = sorted({str(n.get("source")) for n in nodes if n.get("source")})
+    src = plot_text("source: " + ", ".join(f"{SYMBOL_GLYPH.get(source_symbol(x), '●')} {x}" for x in sources)) if sources else ""
     base_layout(fig, f"{title} · step {i} · accepted {len(path)} of {len(nodes)} drafted{extra}",
-                xaxis={"title": "depth (tokens ahead)", "dtick": 1, "range": [-0.9, depth + 0.6],
+                subtitle=src, height=tree_height(rows + 1),
+                xaxis={"title": "depth (tokens ahead)", "dtick": 1, "range": [-0.6, depth + 0.6],
                        "zeroline": False},
-                yaxis={"visible": False, "autorange": "reversed", "range": [rows + 0.6, -0.6]})
-    if sources:
-        fig.add_annotation(text=plot_text("source: " + ", ".join(
-                               f"{SYMBOL_GLYPH.get(source_symbol(x), '●')} {x}" for x in sources)), xref="paper", yref="paper",
-                           x=0.0, y=0.0, xanchor="left", yanchor="bottom", showarrow=False,
-                           font={"size": 11, "color": INK})
+                yaxis={"visible": False, "autorange": "reversed", "range": [rows + 0.8, -0.6]})
     return fig
+
+
+def tree_height(rows: int) -> int:
+    """Figure height for a tree of ``rows`` leaf rows: 18 px a row (room for a label)
+    beyond what the standard height holds, at most 900 px."""
+    return max(HEIGHT, min(900, 150 + 18 * rows))
 
 
 def _context_hint(trace: dict[str, Any], i: int) -> str:
@@ -269,9 +274,36 @@ def _draft_steps(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in steps_of(trace) if s.get("kind") == "draft" and isinstance(s.get("tree"), dict)]
 
 
+def draft_counts(trace: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    """(drafted, accepted, verifications, committed) over the trace's verifications, or
+    None when it has none. A draft step drafted its tree's nodes and accepted its path; a
+    Jacobi iteration drafted its guess window and accepted its ``fixed`` prefix."""
+    drafted = accepted = steps = committed = 0
+    for s in steps_of(trace):
+        if s.get("kind") == "draft" and isinstance(s.get("tree"), dict):
+            drafted += len(tree_nodes(s["tree"]))
+            accepted += accepted_length(s["tree"])
+        elif s.get("kind") == "jacobi" and isinstance(s.get("guess"), list):
+            fixed = s.get("fixed")
+            drafted += len(ints(s.get("guess")))
+            accepted += fixed if isinstance(fixed, int) and not isinstance(fixed, bool) else 0
+        else:
+            continue
+        steps += 1
+        committed += len(ints(s.get("committed")))
+    return (drafted, accepted, steps, committed) if steps else None
+
+
+def trace_figures(trace: dict[str, Any]) -> dict[str, float] | None:
+    """The speculative figures (acceptance, mean accepted length, tokens per verification)
+    of a trace's steps, by the definitions the decoders' stats use; None without drafts."""
+    counts = draft_counts(trace)
+    return speculative_figures(*counts) if counts else None
+
+
 def accepted_length_histogram(trace: dict[str, Any]) -> go.Figure:
-    """How many drafted tokens each draft step accepted (0 … tree depth), as counts."""
-    title = "Accepted draft tokens per step"
+    """How many drafted tokens each verification accepted (0 … tree depth), as counts."""
+    title = "Accepted length per verification"
     steps = _draft_steps(trace)
     if not steps:
         return empty_figure("no draft steps yet", title)
@@ -280,20 +312,21 @@ def accepted_length_histogram(trace: dict[str, Any]) -> go.Figure:
     xs = list(range(top + 1))
     counts = [lengths.count(x) for x in xs]
     fig = go.Figure()
-    fig.add_bar(x=xs, y=counts, marker_color=ACCEPTED, name="steps",
-                hovertext=[f"{c} step(s) accepted {x} drafted token(s)" for x, c in zip(xs, counts)],
+    fig.add_bar(x=xs, y=counts, marker_color=ACCEPTED, name="verifications",
+                hovertext=[f"{c} verification(s) accepted {x} drafted token(s)" for x, c in zip(xs, counts)],
                 hoverinfo="text", text=[c or "" for c in counts], textposition="outside", cliponaxis=False)
-    mean = sum(lengths) / len(lengths)
-    per_step = sum(len(ints(s.get("committed"))) for s in steps) / len(steps)
-    base_layout(fig, f"{title} · mean {mean:.2f} · {per_step:.2f} tokens per verification",
-                xaxis={"title": "accepted length", "dtick": 1},
-                yaxis={"title": "steps", "dtick": int_dtick(max(counts))}, showlegend=False)
+    f = trace_figures(trace) or {}
+    base_layout(fig, f"{title} · {FIGURE_NAMES['mean_accepted_length']} {f.get('mean_accepted_length', 0.0):.2f}"
+                f" · {FIGURE_NAMES['tokens_per_verification']} {f.get('tokens_per_verification', 0.0):.2f}",
+                xaxis={"title": "accepted drafted tokens", "dtick": 1},
+                yaxis={"title": "verifications", "dtick": int_dtick(max(counts)), "range": [0, max(counts) * 1.15]},
+                showlegend=False)
     return fig
 
 
 def acceptance_timeline(trace: dict[str, Any], step: int | None = None) -> go.Figure:
-    """Per draft step: accepted tokens plus the correction/bonus token, and the running
-    acceptance rate (accepted / drafted depth, so a chain of γ gives the usual rate)."""
+    """Per draft step: accepted tokens plus the correction/bonus token, and the acceptance
+    (accepted drafted tokens / drafted tokens) of that step and of the run so far."""
     title = "Acceptance over time"
     steps = _draft_steps(trace)
     if not steps:
@@ -302,7 +335,7 @@ def acceptance_timeline(trace: dict[str, Any], step: int | None = None) -> go.Fi
     tot_a = tot_d = 0
     for s in steps:
         tree = s["tree"]
-        a, d = accepted_length(tree), tree_depth(tree)
+        a, d = accepted_length(tree), len(tree_nodes(tree))
         k = tree.get("correction_kind")
         has = tree.get("correction") is not None
         xs.append(s.get("i"))
@@ -318,15 +351,20 @@ def acceptance_timeline(trace: dict[str, Any], step: int | None = None) -> go.Fi
         fig.add_bar(x=xs, y=corr, name="correction", marker_color=CORRECTION)
     if any(bonus):
         fig.add_bar(x=xs, y=bonus, name="bonus", marker_color=BONUS)
-    fig.add_scatter(x=xs, y=rate, name="rate this step", mode="markers", yaxis="y2",
+    name = FIGURE_NAMES["acceptance_rate"]
+    fig.add_scatter(x=xs, y=rate, name=f"{name} this step", mode="markers", yaxis="y2",
                     marker={"color": INK, "size": 5, "symbol": "circle-open"})
-    fig.add_scatter(x=xs, y=running, name="running rate", mode="lines", yaxis="y2",
+    fig.add_scatter(x=xs, y=running, name=f"{name} so far", mode="lines", yaxis="y2",
                     line={"color": INK, "width": 2})
-    base_layout(fig, f"{title} · overall {100 * tot_a / tot_d:.0f}%" if tot_d else title,
-                barmode="stack", xaxis={"title": "step", "dtick": int_dtick(max(x for x in xs if isinstance(x, int)) if any(isinstance(x, int) for x in xs) else 1, 12)},
-                yaxis={"title": "tokens", "rangemode": "tozero", "dtick": int_dtick(max(a + c + b for a, c, b in zip(acc, corr, bonus)))},
-                yaxis2={"title": "acceptance rate", "overlaying": "y", "side": "right", "range": [0, 1.05],
-                        "showgrid": False, "tickformat": ".0%"})
+    f = trace_figures(trace) or {}
+    top_x = max((x for x in xs if isinstance(x, int)), default=1)
+    base_layout(fig, title + (f" · {name} {100 * f['acceptance_rate']:.0f}%" if tot_d and f else ""),
+                subtitle=f"{name} = accepted drafted tokens / drafted tokens",
+                barmode="stack", xaxis={"title": "step", "dtick": int_dtick(top_x, 12)},
+                yaxis={"title": "tokens", "rangemode": "tozero",
+                       "dtick": int_dtick(max(a + c + b for a, c, b in zip(acc, corr, bonus)))},
+                yaxis2={"title": f"{name} (accepted / drafted)", "overlaying": "y", "side": "right",
+                        "range": [0, 1.05], "showgrid": False, "tickformat": ".0%"})
     if step is not None and isinstance(step, int):
         fig.add_vline(x=step, line={"color": INK, "width": 1, "dash": "dot"})
     return fig

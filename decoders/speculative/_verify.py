@@ -38,7 +38,7 @@ import torch
 from decoders.ar import dist_evidence, sample_index
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
-from playground.trace import Step
+from playground.trace import Step, speculative_figures
 
 NEG_INF = float("-inf")
 ROOT = -1
@@ -636,7 +636,11 @@ def tree_evidence(v: Verified) -> dict[str, Any]:
 
 
 class _Stats:
-    """Running acceptance statistics of a run (merged into the trace's stats)."""
+    """Running acceptance statistics of a run (merged into the trace's stats).
+
+    The figures are :func:`playground.trace.speculative_figures` of the counts, the same
+    function the plots and the stats line apply to the trace's draft steps.
+    """
 
     def __init__(self) -> None:
         self.steps = 0
@@ -663,13 +667,12 @@ class _Stats:
 
     def stats(self, dec: SpecDecoder) -> dict[str, Any]:
         total = max(1, sum(self.sources.values()))
-        out = {
-            "acceptance_rate": round(self.accepted / self.tried, 4) if self.tried else 0.0,
-            "draft_efficiency": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+        out: dict[str, Any] = {
+            **speculative_figures(self.drafted, self.accepted, self.steps, self.tokens),
             "drafted_tokens": self.drafted,
             "verified_tokens": self.tried,
             "accepted_tokens": self.accepted,
-            "mean_accepted_length": round(self.accepted / self.steps, 4) if self.steps else 0.0,
+            "verifications": self.steps,
             "accepted_length_hist": {str(k): self.hist[k] for k in sorted(self.hist)},
             "source_share": {k: round(c / total, 4) for k, c in sorted(self.sources.items())},
         }
