@@ -13,16 +13,23 @@ forward-pass numbers in a trace are measured, never reported by a decoder.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
+import itertools
+import json
+import math
 import os
 import threading
 from collections import OrderedDict
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from playground.errors import PlaygroundError
+from playground.errors import Cancelled, PlaygroundError
 from playground.settings import limits
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -263,8 +270,7 @@ def resolve(spec: str) -> tuple[str, str]:
 
 def _in_hf_cache(repo_id: str) -> bool:
     try:
-        from huggingface_hub import try_to_load_from_cache
-
+        (try_to_load_from_cache,) = _import("huggingface_hub", "try_to_load_from_cache")
         hit = try_to_load_from_cache(repo_id, "config.json")
         return isinstance(hit, str)
     except Exception:
@@ -274,8 +280,7 @@ def _in_hf_cache(repo_id: str) -> bool:
 def list_cached_models() -> list[str]:
     """Hub ids of models found in the local Hugging Face cache (found offline)."""
     try:
-        from huggingface_hub import constants, scan_cache_dir
-
+        constants, scan_cache_dir = _import("huggingface_hub", "constants", "scan_cache_dir")
         info = scan_cache_dir(constants.HF_HUB_CACHE)  # read at call time: HF_HUB_CACHE may change
     except Exception:
         return []
@@ -309,21 +314,65 @@ def detect_kind(config: Any) -> str:
     return "causal"
 
 
+# ---------------------------------------------------------------------- concurrency
+# transformers' from_pretrained swaps process-wide state while it builds a model (torch.nn.init
+# functions, PreTrainedModel.init_weights/tie_weights, torch's default dtype), saving and restoring
+# the "originals" around each load. Two loads at once, of the same model or not, save each other's
+# patched functions as originals and leave the process patched for good: every later load ends
+# with weights on the meta device. So all weight loading takes one process-wide lock, while a
+# cache hit never waits for it. Each model key has at most one load in flight (a Future that later
+# callers wait on); the loading thread removes it from the table whether it succeeds or fails.
 _cache: "OrderedDict[tuple, ModelHandle]" = OrderedDict()
-_cache_lock = threading.Lock()
+_inflight: dict[tuple, Future] = {}
+_cache_lock = threading.Lock()  # guards _cache and _inflight; held only for dict operations
+_weights_lock = threading.Lock()  # one from_pretrained (tokenizer + weights) at a time, process-wide
+# the first import of transformers/huggingface_hub is not thread-safe (their lazy modules raise
+# "cannot import name 'AutoConfig'" in a thread that races the one initialising them)
+_import_lock = threading.RLock()
+_HUB_TIMEOUT = float(os.environ.get("PLAYGROUND_HUB_TIMEOUT", "5"))
+_WAIT_POLL_S = 0.1
+
+
+def _import(module: str, *names: str) -> tuple[Any, ...]:
+    """``from module import *names``, serialised so lazy modules initialise in one thread."""
+    with _import_lock:
+        mod = importlib.import_module(module)
+        return tuple(getattr(mod, n) for n in names)
 
 
 def load_model(spec: str, kind: str | None = None, device: str = "auto", dtype: str = "auto",
                quantization: str | None = None, device_map: str | None = None,
-               trust_remote_code: bool = False) -> ModelHandle:
+               trust_remote_code: bool = False, cancel: threading.Event | None = None) -> ModelHandle:
     """Load (or fetch from the LRU) the model named by ``spec``.
 
     ``kind`` checks or forces ``causal``/``diffusion``; ``device`` is auto/cpu/cuda/mps;
     ``dtype`` auto/float32/bfloat16/float16; ``quantization`` None/4bit/8bit (CUDA only);
     ``device_map="auto"`` spreads a large model over devices with accelerate;
     ``trust_remote_code`` runs the model repository's own code and stays off unless asked.
+    Safe from any number of threads: one load per model at a time, one object per model.
+    ``cancel`` (the Stop button's event) ends the *wait* with :class:`Cancelled`; the load
+    itself finishes in the background and fills the cache.
     Raises :class:`PlaygroundError` with one line for every way this can fail.
     """
+    source, location = _allowed(spec, trust_remote_code)
+    if kind is not None and kind not in KINDS:
+        raise PlaygroundError(f"unknown model kind {kind!r}; expected causal or diffusion")
+    key = (location, device, dtype, quantization, device_map, trust_remote_code)
+    handle = _cached(key)
+    if handle is None:
+        # The kind is checked from the config, before any weights are read; a hub id is
+        # probed here with a short timeout, outside the weights lock, so it delays no one else.
+        config = _read_config(spec, source, location, trust_remote_code)
+        _check_kind(spec, detect_kind(config), kind)
+        job = functools.partial(_load, spec, source, location, config, device, dtype, quantization,
+                                device_map, trust_remote_code)
+        handle = _wait(_join_or_start(key, spec, job), spec, cancel)
+    _check_kind(spec, handle.kind, kind)
+    return handle
+
+
+def _allowed(spec: str, trust_remote_code: bool) -> tuple[str, str]:
+    """``resolve(spec)``, refused where this instance's limits forbid it."""
     lim = limits()
     if lim.no_models:
         raise PlaygroundError("model loading is disabled on this instance (replay only)")
@@ -333,23 +382,159 @@ def load_model(spec: str, kind: str | None = None, device: str = "auto", dtype: 
                               f"(allowed: {', '.join(lim.model_sources) or 'none'})")
     if trust_remote_code and not lim.allow_remote_code:
         raise PlaygroundError("remote code is disabled on this instance")
-    if kind is not None and kind not in KINDS:
-        raise PlaygroundError(f"unknown model kind {kind!r}; expected causal or diffusion")
-    key = (location, device, dtype, quantization, device_map, trust_remote_code)
+    return source, location
+
+
+def _check_kind(spec: str, found: str, wanted: str | None) -> None:
+    if wanted is not None and found != wanted:
+        raise PlaygroundError(f"model {spec!r} is a {found} model, but a {wanted} model is needed here")
+
+
+def _cached(key: tuple) -> ModelHandle | None:
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
-    if hit is not None:
-        if kind is not None and hit.kind != kind:
-            raise PlaygroundError(f"model {spec!r} is a {hit.kind} model, but a {kind} model is needed here")
         return hit
-    handle = _load(spec, source, location, kind, device, dtype, quantization, device_map, trust_remote_code)
+
+
+def _join_or_start(key: tuple, spec: str, job: Callable[[], ModelHandle]) -> Future:
+    """The future of the load of ``key``: the one in flight, or a new one started here."""
     with _cache_lock:
-        _cache[key] = handle
-        while len(_cache) > max(1, _LRU_SIZE):
-            _cache.popitem(last=False)
-    return handle
+        fut = _inflight.get(key)
+        if fut is not None:
+            return fut
+        fut = Future()
+        hit = _cache.get(key)  # re-checked under the lock: a load may have finished meanwhile
+        if hit is not None:
+            fut.set_result(hit)
+            return fut
+        _inflight[key] = fut
+    try:
+        # a thread of its own, so that every caller (the first included) can stop waiting
+        threading.Thread(target=_fill, args=(key, fut, job), name=f"load {spec}", daemon=True).start()
+    except BaseException as e:  # noqa: BLE001 - e.g. no more threads: settle the future anyway
+        _settle(key, fut, error=e)
+    return fut
+
+
+def _fill(key: tuple, fut: Future, job: Callable[[], ModelHandle]) -> None:
+    try:
+        handle = job()
+    except BaseException as e:  # noqa: BLE001 - the future must settle, or waiters hang forever
+        _settle(key, fut, error=e)
+    else:
+        _settle(key, fut, handle=handle)
+
+
+def _settle(key: tuple, fut: Future, handle: ModelHandle | None = None,
+            error: BaseException | None = None) -> None:
+    """Publish a load's outcome: cache it (on success) and leave the in-flight table together."""
+    with _cache_lock:
+        if handle is not None:
+            _cache[key] = handle
+            _cache.move_to_end(key)
+            while len(_cache) > max(1, _LRU_SIZE):
+                _cache.popitem(last=False)
+        if _inflight.get(key) is fut:
+            del _inflight[key]
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(handle)
+
+
+def _wait(fut: Future, spec: str, cancel: threading.Event | None) -> ModelHandle:
+    while not fut.done():
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"loading {spec!r} was stopped")
+        futures.wait([fut], timeout=None if cancel is None else _WAIT_POLL_S)
+    try:
+        return fut.result()
+    except PlaygroundError as e:
+        raise PlaygroundError(str(e)) from None  # each waiter gets its own exception object
+
+
+def _read_config(spec: str, source: str, location: str, trust_remote_code: bool) -> Any:
+    """The model's config (no weights); a hub id is first probed with a short timeout."""
+    if source == "hub":
+        _check_hub(spec)
+    try:
+        (AutoConfig,) = _import("transformers", "AutoConfig")
+        kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+        if source != "hub":
+            kwargs["local_files_only"] = True
+        # remote config code is written into and imported from a shared modules folder
+        with _weights_lock if trust_remote_code else contextlib.nullcontext():
+            return AutoConfig.from_pretrained(location, **kwargs)
+    except PlaygroundError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every loader failure becomes one line
+        raise PlaygroundError(_load_failure(spec, source, e)) from None
+
+
+def _check_hub(spec: str) -> None:
+    """Fail in seconds, with one line, when the hub cannot serve ``spec``.
+
+    Left to itself, huggingface_hub waits 10 s per request and retries with backoff, and
+    transformers makes several requests: ~70 s on a network that drops packets. One HEAD of
+    ``config.json`` with a short timeout and no retries tells the cases apart first.
+    """
+    try:
+        constants, get_hf_file_metadata, hf_hub_url = _import(
+            "huggingface_hub", "constants", "get_hf_file_metadata", "hf_hub_url")
+        with _import_lock:
+            errors = importlib.import_module("huggingface_hub.errors")
+    except Exception as e:  # noqa: BLE001
+        raise PlaygroundError(f"cannot use the Hugging Face hub for {spec!r}: {_first_line(e)}") from None
+    if constants.HF_HUB_OFFLINE:
+        raise PlaygroundError(f"model {spec!r} is not in the local Hugging Face cache, and hub access is "
+                              f"off (HF_HUB_OFFLINE is set): download it first or unset HF_HUB_OFFLINE")
+    try:
+        _within(_HUB_TIMEOUT, lambda: get_hf_file_metadata(hf_hub_url(spec, "config.json"), timeout=_HUB_TIMEOUT))
+    except errors.GatedRepoError:
+        raise PlaygroundError(f"model {spec!r} is gated on the Hugging Face hub: accept its terms on its "
+                              f"page and log in (`hf auth login`)") from None
+    except errors.RepositoryNotFoundError:
+        raise PlaygroundError(f"no model {spec!r} on the Hugging Face hub (or it is private: log in "
+                              f"with `hf auth login`)") from None
+    except errors.EntryNotFoundError:
+        raise PlaygroundError(f"{spec!r} on the Hugging Face hub has no config.json; is it a model?") from None
+    except errors.HFValidationError:
+        raise PlaygroundError(f"{spec!r} is not a bundled model, a local directory or a hub id "
+                              f"(owner/name)") from None
+    except errors.HfHubHTTPError as e:
+        raise PlaygroundError(f"the Hugging Face hub refused {spec!r}: {_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - timeouts, DNS, refused connections
+        raise PlaygroundError(f"cannot reach the Hugging Face hub for {spec!r} within {_HUB_TIMEOUT:g} s "
+                              f"(offline? HF_HUB_OFFLINE=1 uses only the local cache): "
+                              f"{_first_line(e)}") from None
+
+
+def _within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """``fn()``, or TimeoutError after ``seconds`` (a stuck call finishes alone in the background).
+
+    The request's own timeout applies per phase and per connection attempt, so a dead network
+    can take several times longer than it; this bounds the whole call.
+    """
+    box: Future = Future()
+
+    def run() -> None:
+        try:
+            box.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box.set_exception(e)
+
+    threading.Thread(target=run, name="hub probe", daemon=True).start()
+    done, _ = futures.wait([box], timeout=seconds)
+    if not done:
+        raise TimeoutError("no answer")
+    return box.result()
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip()
+    return (msg.splitlines()[0] if msg else type(e).__name__)[:200]
 
 
 def _pick_device(device: str) -> torch.device:
@@ -374,34 +559,38 @@ def _pick_dtype(dtype: str, dev: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-def _load(spec: str, source: str, location: str, kind: str | None, device: str, dtype: str,
+def _load(spec: str, source: str, location: str, config: Any, device: str, dtype: str,
           quantization: str | None, device_map: str | None, trust_remote_code: bool) -> ModelHandle:
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    """Tokenizer and weights of one model: every failure, imports included, is one line."""
+    try:
+        return _load_unguarded(spec, source, location, config, device, dtype, quantization, device_map,
+                               trust_remote_code)
+    except PlaygroundError:
+        raise
+    except torch.cuda.OutOfMemoryError:
+        raise PlaygroundError(f"model {spec!r} does not fit in GPU memory; try 4bit/8bit or device_map=auto") from None
+    except Exception as e:  # noqa: BLE001
+        raise PlaygroundError(_load_failure(spec, source, e)) from None
 
+
+def _load_unguarded(spec: str, source: str, location: str, config: Any, device: str, dtype: str,
+                    quantization: str | None, device_map: str | None, trust_remote_code: bool) -> ModelHandle:
+    AutoTokenizer, hf_logging = _import("transformers", "AutoTokenizer", "logging")
     hf_logging.disable_progress_bar()  # loading bars would break the one-line error contract
 
-    offline = source in ("bundled", "path", "cache")
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    if offline:
+    if source != "hub":
         common["local_files_only"] = True
-    try:
-        config = AutoConfig.from_pretrained(location, **common)
-    except Exception as e:  # noqa: BLE001 - every loader failure becomes one line
-        raise PlaygroundError(_load_failure(spec, source, e)) from None
     found = detect_kind(config)
-    if kind is not None and kind != found:
-        raise PlaygroundError(f"model {spec!r} is a {found} model, but a {kind} model is needed here")
     dev = _pick_device(device)
     torch_dtype = _pick_dtype(dtype, dev)
-    kwargs: dict[str, Any] = dict(common, dtype=torch_dtype)
+    kwargs: dict[str, Any] = dict(common, config=config, dtype=torch_dtype)
     if quantization:
         if quantization not in ("4bit", "8bit"):
             raise PlaygroundError(f"unknown quantization {quantization!r}; use 4bit or 8bit")
         if not torch.cuda.is_available():
             raise PlaygroundError(f"{quantization} quantization needs a CUDA GPU (bitsandbytes); none is available")
-        from transformers import BitsAndBytesConfig
-
+        (BitsAndBytesConfig,) = _import("transformers", "BitsAndBytesConfig")
         kwargs["quantization_config"] = (
             BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch_dtype,
                                bnb_4bit_quant_type="nf4")
@@ -409,15 +598,11 @@ def _load(spec: str, source: str, location: str, kind: str | None, device: str, 
         kwargs["device_map"] = device_map or {"": dev.index or 0}
     elif device_map:
         kwargs["device_map"] = device_map
-    try:
+    auto = _auto_class(config, found, trust_remote_code)
+    with _weights_lock:
         tokenizer = AutoTokenizer.from_pretrained(location, **common)
-        model = _auto_class(config, found, trust_remote_code).from_pretrained(location, **kwargs)
-    except PlaygroundError:
-        raise
-    except torch.cuda.OutOfMemoryError:
-        raise PlaygroundError(f"model {spec!r} does not fit in GPU memory; try 4bit/8bit or device_map=auto") from None
-    except Exception as e:  # noqa: BLE001
-        raise PlaygroundError(_load_failure(spec, source, e)) from None
+        model = auto.from_pretrained(location, **kwargs)
+    _check_materialised(spec, model)
     if "device_map" not in kwargs:
         try:
             model.to(dev)
@@ -433,6 +618,107 @@ def _load(spec: str, source: str, location: str, kind: str | None, device: str, 
     name = Path(location).name if source == "bundled" else spec
     return ModelHandle(name, model, tokenizer, found, source=source, mask_token_id=mask_id,
                        logits_shifted=shifted)
+
+
+def _check_materialised(spec: str, model: torch.nn.Module) -> None:
+    """Refuse a model with a weight or buffer still on the meta device (no data behind it)."""
+    left = [n for n, t in itertools.chain(model.named_parameters(), model.named_buffers())
+            if t.device.type == "meta"]
+    if left:
+        raise PlaygroundError(f"model {spec!r} loaded incompletely: {len(left)} weight(s) left on the meta "
+                              f"device (first: {left[0]}); its files may be incomplete")
+
+
+def model_info(spec: str, trust_remote_code: bool = False) -> dict[str, Any]:
+    """What the config says about ``spec``, without loading weights (for a status line).
+
+    Keys: ``name``, ``source``, ``kind``, ``model_type``, ``context_length`` (from the config),
+    ``num_layers``, ``vocab_size``, ``parameters`` (exact from local safetensors headers, else an
+    estimate from the config's sizes, or None), ``parameters_exact`` and ``loaded`` (already in
+    the cache). A hub id is probed as by :func:`load_model` and fails the same way.
+    """
+    source, location = _allowed(spec, trust_remote_code)
+    config = _read_config(spec, source, location, trust_remote_code)
+    exact = _safetensors_parameters(_local_dir(source, location))
+    with _cache_lock:
+        loaded = any(k[0] == location for k in _cache)
+    return {
+        "name": Path(location).name if source == "bundled" else spec.strip(),
+        "source": source,
+        "kind": detect_kind(config),
+        "model_type": getattr(config, "model_type", None),
+        "context_length": _context_length(config, None),
+        "num_layers": int(getattr(_text_config(config), "num_hidden_layers", 0) or 0),
+        "vocab_size": getattr(_text_config(config), "vocab_size", None),
+        "parameters": exact if exact is not None else _estimate_parameters(config),
+        "parameters_exact": exact is not None,
+        "loaded": loaded,
+    }
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _local_dir(source: str, location: str) -> Path | None:
+    if source in ("bundled", "path"):
+        return Path(location)
+    if source == "cache":
+        try:
+            (try_to_load_from_cache,) = _import("huggingface_hub", "try_to_load_from_cache")
+            hit = try_to_load_from_cache(location, "config.json")
+        except Exception:  # noqa: BLE001 - no count is better than no status line
+            return None
+        return Path(hit).parent if isinstance(hit, str) else None
+    return None
+
+
+def _safetensors_parameters(folder: Path | None) -> int | None:
+    """Parameter count from the safetensors headers in ``folder`` (None unless all are there)."""
+    if folder is None:
+        return None
+    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.exists():
+            names = set(json.loads(index.read_text())["weight_map"].values())
+            if not all((folder / n).exists() for n in names):
+                return None  # a partly downloaded sharded checkpoint
+        total = 0
+        for f in files:
+            with open(f, "rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(size))
+            total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return total or None
+
+
+def _estimate_parameters(config: Any) -> int | None:
+    """A dense-transformer estimate from the config's sizes (embeddings, attention, MLP)."""
+    c = _text_config(config)
+
+    def first(*names: str) -> int:
+        for n in names:
+            v = getattr(c, n, None)
+            if isinstance(v, int) and v > 0:
+                return v
+        return 0
+
+    h, layers, vocab = first("hidden_size", "n_embd", "d_model"), first("num_hidden_layers", "n_layer"), first("vocab_size")
+    if not (h and layers and vocab):
+        return None
+    heads = first("num_attention_heads", "n_head") or 1
+    kv = first("num_key_value_heads") or heads
+    head_dim = first("head_dim") or h // heads
+    inner = first("intermediate_size", "n_inner") or 4 * h
+    gated = str(getattr(c, "hidden_act", "")).lower() in ("silu", "swish", "swiglu")
+    attn = 2 * h * heads * head_dim + 2 * h * kv * head_dim
+    mlp = (3 if gated else 2) * h * inner
+    tied = bool(getattr(c, "tie_word_embeddings", getattr(config, "tie_word_embeddings", True)))
+    return layers * (attn + mlp) + vocab * h * (1 if tied else 2)
 
 
 def diffusion_meta(config: Any, tokenizer: Any) -> tuple[int | None, bool]:
@@ -455,7 +741,8 @@ def diffusion_meta(config: Any, tokenizer: Any) -> tuple[int | None, bool]:
 
 
 def _auto_class(config: Any, kind: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+    AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM = _import(
+        "transformers", "AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM")
 
     if kind == "causal":
         return AutoModelForCausalLM
@@ -467,12 +754,11 @@ def _auto_class(config: Any, kind: str, trust_remote_code: bool) -> Any:
     return AutoModelForMaskedLM
 
 
-def _load_failure(spec: str, source: str, e: Exception) -> str:
-    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+def _load_failure(spec: str, source: str, e: BaseException) -> str:
+    msg = _first_line(e)
     if source == "hub":
-        return (f"could not load {spec!r} from the Hugging Face hub (offline, or no such model?): "
-                f"{msg[:200]}")
-    return f"could not load model {spec!r}: {msg[:200]}"
+        return f"could not load {spec!r} from the Hugging Face hub: {msg}"
+    return f"could not load model {spec!r}: {msg}"
 
 
 def handle_from_model(model: torch.nn.Module, tokenizer: Any, name: str = "custom",
