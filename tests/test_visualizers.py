@@ -403,6 +403,9 @@ def test_every_function_survives_empty_and_partial_traces(tr):
     assert V.step_count(tr) == len(tr.get("steps") or [])
     for title, f in V.step_figures(tr, 0) + V.run_figures(tr):
         assert isinstance(title, str) and isinstance(f, (go.Figure, str))
+        assert "could not draw" not in (f if isinstance(f, str) else f.to_json()), title
+    for f in figs:
+        assert "could not draw" not in f.to_json()
 
 
 def test_wrong_kind_gives_a_note():
@@ -455,11 +458,8 @@ def render_everything(tr: dict) -> None:
 
 
 def run_real(handle, decoder, n=8, draft=None, **params):
-    import decoders
     from playground.engine import prepare
 
-    if decoder not in decoders.REGISTRY:
-        pytest.skip(f"decoder {decoder!r} is not registered yet")
     run = prepare(model=handle, decoder=decoder, prompt="ROMEO: But soft", max_new_tokens=n, seed=0,
                   draft=draft, params=params)
     snap = None
@@ -515,15 +515,19 @@ SPECULATIVE = [("speculative", {"gamma": 3}), ("speculative", {"gamma": 3, "temp
 @pytest.mark.parametrize("decoder,params", SPECULATIVE)
 def test_real_speculative_traces_render(llama_handle, draft_handle, decoder, params):
     import decoders
-    from playground.errors import PlaygroundError
+    from playground.trace import speculative_figures
 
-    cls = decoders.REGISTRY.get(decoder)
-    draft = draft_handle if cls is not None and cls.needs_draft else None
-    try:
-        tr = run_real(llama_handle, decoder, n=10, draft=draft, **params)
-    except PlaygroundError as e:  # the decoder refuses the tiny test model: not a visualizer matter
-        pytest.skip(f"{decoder} does not run on the tiny model: {e}")
+    draft = draft_handle if decoders.REGISTRY[decoder].needs_draft else None
+    tr = run_real(llama_handle, decoder, n=10, draft=draft, **params)
     render_everything(tr)
+    # the decoder's stats and the figures drawn from its steps are one definition
+    st = tr["stats"]
+    figs = V.tree.trace_figures(tr)
+    assert figs is not None and figs == speculative_figures(
+        st["drafted_tokens"], st["accepted_tokens"], st["verifications"], st["new_tokens"])
+    for k in ("acceptance_rate", "mean_accepted_length", "tokens_per_verification"):
+        assert st[k] == figs[k], k
+    assert f"acceptance {100 * st['acceptance_rate']:.0f}%" in V.stats_line(tr)
     drafts = [s for s in tr["steps"] if s["kind"] == "draft" and s["tree"]["nodes"]]
     for s in drafts[:3]:
         fig = V.draft_tree_figure(tr, s["i"])
@@ -563,3 +567,186 @@ def test_real_diffusion_traces_render(mlm_handle, decoder, params):
     assert committed_cells == with_conf
     first = V.canvas_html(tr, d[0]["i"])
     assert first.count('class="tok mask"') == sum(1 for t in d[0]["canvas"] if t == d[0]["mask_id"])
+
+
+# ---------------------------------------------------------------------- figures that agree
+def test_diffusion_new_tokens_count_committed_positions_only():
+    """A diffusion run's output is its canvas: masked positions are not tokens, live or stopped."""
+    from playground.trace import Step, Trace, TraceRecorder, committed_count
+
+    class View:
+        forwards, tokens = 4, 0
+
+    rec = TraceRecorder(Trace(model="m", decoder="llada", params={}, seed=0, prompt="p", prompt_ids=[1]), View())
+    canvas = [MASK] * 8
+    for pos in ((0, 5), (1, 2)):
+        for p in pos:
+            canvas[p] = 10 + p
+        rec.add(Step("denoise", [10 + p for p in pos], canvas=list(canvas), mask_id=MASK, unmasked=list(pos)))
+    assert committed_count(canvas, rec.trace.steps) == 4
+    assert committed_count(canvas, [s.to_dict() for s in rec.trace.steps]) == 4  # snapshots hold dicts
+    assert committed_count([5, 6, MASK], []) == 3  # a causal run: every output id is a token
+    st = rec.finish(canvas, "", "cancelled").stats
+    assert st["new_tokens"] == 4 and st["masked_positions"] == 4 and st["tokens_per_target_forward"] == 1.0
+    assert "4 tokens" in V.stats_line(rec.trace.to_dict()) and "4 positions still masked" in V.stats_line(rec.trace.to_dict())
+
+
+@pytest.mark.slow
+def test_diffusion_lane_stats_live_and_stopped(mlm_handle):
+    from playground.engine import prepare
+
+    run = prepare(model=mlm_handle, decoder="llada", prompt="ROMEO: But soft", max_new_tokens=8, seed=0,
+                  params={"steps": 4})
+    step = run.step()
+    snap = run.snapshot()
+    filled = sum(1 for t in step.evidence["canvas"] if t != step.evidence["mask_id"])
+    assert 0 < filled < 8
+    assert snap["stats"]["new_tokens"] == filled  # running with committed tokens: not 0
+    assert f"{filled} tokens" in V.stats_line(snap)
+    run.cancel()
+    done = run.snapshot()
+    st = done["stats"]
+    assert st["finish_reason"] == "cancelled" and len(done["output_ids"]) == 8
+    assert st["new_tokens"] == filled and st["masked_positions"] == 8 - filled  # stopped early: not 8
+    assert st["tokens_per_target_forward"] == round(filled / st["target_forwards"], 4)
+
+
+def _beam_trace():
+    # beam search: running beams carry summed log-probs, finished ones logprob / len ** 1.0
+    steps = [
+        {"kind": "beam", "committed": [], "beams": [{"ids": [5], "score": -1.0, "parent": None, "finished": False},
+                                                     {"ids": [6], "score": -2.0, "parent": None, "finished": False}]},
+        {"kind": "beam", "committed": [], "beams": [{"ids": [5, 7], "score": -3.0, "parent": 0, "finished": False},
+                                                     {"ids": [5, 8], "score": -1.25, "parent": 0, "finished": True}]},
+    ]
+    return trace(steps, output_ids=[5, 8], decoder="beam", params={"length_penalty": 1.0})
+
+
+def test_beam_plots_use_one_score_scale():
+    tr = _beam_trace()
+    assert V.beam.beam_logprob(tr, tr["steps"][1]["beams"][1]) == pytest.approx(-2.5)  # -1.25 * 2
+    fig = V.timeline_figure(tr)
+    assert list(by_name(fig, "best beam")[0].y) == pytest.approx([-1.0, -2.5])
+    assert list(by_name(fig, "worst beam")[0].y) == pytest.approx([-2.0, -3.0])
+    assert "log-prob" in fig.layout.yaxis.title.text
+    (nodes,) = by_name(V.beam_tree_figure(tr, 1), "beams")
+    assert list(nodes.marker.color) == pytest.approx([-1.0, -2.0, -3.0, -2.5])
+    # other decoders' finished beams already carry their summed log-probability
+    tr["decoder"] = "arithmetic"
+    assert V.beam.beam_logprob(tr, tr["steps"][1]["beams"][1]) == pytest.approx(-1.25)
+    assert V.beam.beam_logprob(tr, {"logprob": -7.0, "score": -1.0, "finished": True}) == -7.0
+
+
+@pytest.mark.slow
+def test_real_beam_scores_never_jump_up(llama_handle):
+    """Extending a hypothesis only adds log-probabilities (<= 0): on one scale, no beam's
+    plotted value is above its parent's (a length-normalised score would be)."""
+    tr = run_real(llama_handle, "beam", n=8, num_beams=3, early_stopping="never")
+    steps = [s for s in tr["steps"] if s["kind"] == "beam"]
+    finished = 0
+    for prev, cur in zip(steps, steps[1:]):
+        for b in cur["beams"]:
+            if isinstance(b.get("parent"), int):
+                parent = prev["beams"][b["parent"]]
+                assert V.beam.beam_logprob(tr, b) <= V.beam.beam_logprob(tr, parent) + 1e-3
+                finished += b["finished"]
+    assert finished > 0, "the run must finish some beams for the test to mean something"
+
+
+def test_progress_lanes_numbered_from_one_with_end_labels():
+    a = trace([token_step(5), token_step(6), token_step(7)])
+    b = trace([draft_step([(1, None, 5, True), (2, 1, 6, True)], [1, 2], correction=7, kind="bonus")],
+              decoder="spec")
+    fig = V.progress_figure([a, b, trace([token_step(5), token_step(6), token_step(7)])])
+    assert [t.name for t in fig.data] == ["1: x", "2: spec", "3: x"]
+    labels = {(a_.x, a_.y): a_.text for a_ in fig.layout.annotations}
+    assert labels == {(3, 3): "1=3", (1, 3): "2"}  # lanes 1 and 3 are the same line
+    assert fig.data[0].line.dash == "solid" and fig.data[2].line.dash not in (None, "solid")
+    assert "lanes 1 and 3 coincide" in fig.layout.title.subtitle.text
+    assert "lane 2 3" in fig.layout.title.subtitle.text  # tokens at equal compute, by lane number
+    html_ = V.divergence_html([a, b])
+    assert "identical to lane 1" in html_ and 'data-lane="0"' in html_ and ">1: x<" in html_
+
+
+def test_progress_nearby_ends_share_one_label():
+    a = trace([token_step(5), token_step(6), token_step(7)])
+    b = trace([token_step(5), token_step(6), token_step(8)])  # same counts: identical lines
+    c = trace([token_step(5), token_step(6)])
+    fig = V.progress_figure([a, b, c], x="steps")
+    texts = sorted(a_.text for a_ in fig.layout.annotations)
+    assert texts == ["1=2", "3"]
+    assert "lanes 1 and 2 coincide" in fig.layout.title.subtitle.text
+
+
+def _all_figures():
+    d = denoise_trace()
+    tr = _tree_trace()
+    jac = trace([{"kind": "jacobi", "committed": [5], "guess": [5, 6, 7, 8], "converged": 1}])
+    figs = [f for t in (tr, d, _beam_trace(), jac) for s in range(V.step_count(t))
+            for _, f in V.step_figures(t, s)]
+    figs += [f for t in (tr, d, _beam_trace(), jac) for _, f in V.run_figures(t)]
+    figs.append(V.progress_figure([tr, d, tr, _beam_trace()]))
+    return [f for f in figs if isinstance(f, go.Figure)]
+
+
+def test_legends_sit_below_the_plot_clear_of_the_title():
+    from visualizers._common import LEGEND, TEMPLATE, top_margin
+
+    import plotly.io as pio
+
+    tmpl = pio.templates[TEMPLATE].layout
+    assert tmpl.legend.yref == "container" and tmpl.legend.y == 0 and tmpl.legend.yanchor == "bottom"
+    assert tmpl.title.yref == "container" and tmpl.title.y == 1 and tmpl.title.yanchor == "top"
+    figs = _all_figures()
+    assert len(figs) >= 12
+    for f in figs:
+        assert f.layout.template.layout.legend.y == LEGEND["y"]
+        # no figure moves its legend back up or hangs a note over the title row
+        assert f.layout.legend.y is None and f.layout.legend.yanchor is None
+        assert not any(a.yref == "paper" and (a.y or 0) >= 1 for a in f.layout.annotations)
+        sub = f.layout.title.subtitle.text
+        lines = sub.count("<br>") + 1 if sub else 0
+        top = f.layout.margin.t if f.layout.margin.t is not None else tmpl.margin.t
+        assert top >= top_margin(lines), f.layout.title.text
+
+
+def test_titles_are_wrapped_to_fit_a_lane_card():
+    from visualizers._common import SUBTITLE_CHARS, TITLE_CHARS, split_title
+
+    head, sub = split_title("Draft tree · step 12 · accepted 4 of 24 drafted + correction", "source: ● draft-model")
+    assert head == "Draft tree · step 12" and sub == ["accepted 4 of 24 drafted + correction · source: ● draft-model"]
+    for f in _all_figures():
+        assert len(f.layout.title.text) <= TITLE_CHARS, f.layout.title.text
+        for line in (f.layout.title.subtitle.text or "").split("<br>"):
+            assert len(line) <= SUBTITLE_CHARS, line
+
+
+def test_draft_tree_root_label_is_not_cut():
+    fig = V.draft_tree_figure(_tree_trace(), 1)
+    (root,) = [t for t in fig.data if t.name == "context"]
+    assert root.textposition == "bottom center" and root.cliponaxis is False
+    assert fig.layout.xaxis.range[0] <= -0.5  # half a depth step left of the root for its label
+
+
+def test_beam_tree_labels_only_the_chosen_step():
+    steps = [{"kind": "beam", "committed": [], "beams": [{"ids": [5] * (k + 1), "score": -k, "parent": 0,
+                                                          "finished": False} for _ in range(3)]}
+             for k in range(20)]
+    fig = V.beam_tree_figure(trace(steps), 19)
+    (nodes,) = by_name(fig, "beams")
+    shown = [t for t in nodes.text if t]
+    assert len(nodes.x) == 3 * V.beam.WINDOW and len(shown) == 3  # the last column only
+    assert all(x == 19 for x, t in zip(nodes.x, nodes.text) if t)
+    assert fig.layout.xaxis.range[1] > 19 + 2  # room for those labels right of the column
+
+
+def test_probability_colours_spread_on_a_small_model():
+    """Chosen-token probabilities of a small model (0.01-0.3) get clearly different colours."""
+    def alpha(p):
+        tr = trace([token_step(5, raw=(p, 0.2, 0.2, 0.1))])
+        return float(re.search(r"rgba\(229,72,77,([0-9.]+)\)", V.tokens_html(tr, "probability")).group(1))
+
+    a = [alpha(p) for p in (1.0, 0.3, 0.1, 0.03, 0.01)]
+    assert a == sorted(a) and all(y - x > 0.08 for x, y in zip(a, a[1:]))
+    assert a[0] < 0.1 and alpha(1e-5) == pytest.approx(0.7)
+    assert "log scale" in V.legend_html("probability")
