@@ -80,6 +80,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     for name, module, help_ in (
         ("bench", "playground.bench", "run a benchmark suite (see docs/benchmarks.md)"),
+        ("screenshots", "playground.screenshots", "write docs/screenshots/*.png (starts the app and Chromium)"),
         ("train-tiny", "playground.train_tiny", "rebuild the bundled tiny models"),
         ("sessions", "playground.sessions_cli", "stored sessions: list, export, import, delete"),
     ):

@@ -1,0 +1,139 @@
+"""``playground screenshots``: the screenshots the README and docs/ui.md show, by explicit command.
+
+Starts the app (its own temporary database, bundled models) and headless Chromium, runs the
+presets the README shows and writes ``compare-running.png``, ``compare-finished.png``,
+``inspector.png``, ``speculative-showdown.png`` and ``sessions.png`` to ``--out`` (default
+docs/screenshots). Tests never write these files; this command is the only writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from playground.errors import PlaygroundError
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+NAMES = ("compare-running", "compare-finished", "inspector", "speculative-showdown", "sessions")
+THREE_LANES = "Greedy vs beam search vs sampling"
+SHOWDOWN = "Speculative showdown"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``playground screenshots``."""
+    p.add_argument("--out", default=str(OUT), help="folder for the PNG files (default docs/screenshots)")
+    p.add_argument("--only", action="append", choices=NAMES, default=None, metavar="NAME",
+                   help="write only this screenshot (repeatable): " + ", ".join(NAMES))
+
+
+def _save(out: Path, name: str, png: bytes, written: list[str]) -> None:
+    """Write ``png`` as ``out/name.png`` in one step (never a half-written file)."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".png", dir=out)
+    with os.fdopen(fd, "wb") as f:
+        f.write(png)
+    os.replace(tmp, out / f"{name}.png")
+    written.append(str(out / f"{name}.png"))
+
+
+def _try_wait(page: Any, js: str, timeout_ms: int = 15_000) -> bool:
+    """Wait for an optional sign of the page (inspector ids are not part of the page's contract)."""
+    try:
+        page.wait_for_function(js, timeout=timeout_ms)
+        return True
+    except Exception:  # noqa: BLE001 - a missing optional element only makes the picture less settled
+        return False
+
+
+def _jump_to_token(page: Any, lane: int, nth: int) -> None:
+    """Click a token of a lane (the scrubber jumps to its step) and let the plots redraw."""
+    tok = page.locator(f"#lane-{lane}-output .tok").nth(nth)
+    step = tok.get_attribute("data-step")
+    tok.click()
+    if step is not None:
+        _try_wait(page, f"() => {{ const h = document.querySelector('#inspect-{lane}-header');"
+                        f" return h && h.innerText.includes('step {int(step)} of'); }}")
+    _try_wait(page, f"() => !!document.querySelector('#inspect-{lane}-step-0 .main-svg')")
+    page.wait_for_timeout(1000)  # plotly's transitions
+
+
+def _compare_shots(page: Any, want: set[str], out: Path, written: list[str]) -> None:
+    from playground.bench._browser import load_preset, set_number, wait_idle, wait_running
+
+    load_preset(page, THREE_LANES)
+    if "compare-running" in want:
+        set_number(page, "max-new-tokens", 200)
+        page.click("#run")
+        wait_running(page)
+        page.wait_for_function("() => document.querySelectorAll('#lane-1-output .tok').length >= 12"
+                               " && /^Running/.test(document.querySelector('#status').innerText.trim())",
+                               timeout=120_000, polling="raf")
+        _save(out, "compare-running", page.screenshot(full_page=False), written)
+        page.click("#stop")
+        wait_idle(page)
+    if want & {"compare-finished", "inspector"}:
+        set_number(page, "max-new-tokens", 48)
+        page.click("#run")
+        wait_idle(page)
+        _jump_to_token(page, 3, 6)
+        if "compare-finished" in want:
+            _save(out, "compare-finished", page.screenshot(full_page=True), written)
+        if "inspector" in want:
+            target = page.locator("#inspector")
+            shot = target.screenshot() if target.count() else page.screenshot(full_page=True)
+            _save(out, "inspector", shot, written)
+
+
+def _showdown_shot(page: Any, out: Path, written: list[str]) -> None:
+    from playground.bench._browser import load_preset, wait_idle
+
+    load_preset(page, SHOWDOWN)
+    page.click("#run")
+    wait_idle(page)
+    _jump_to_token(page, 2, 10)
+    _save(out, "speculative-showdown", page.screenshot(full_page=True), written)
+
+
+def _sessions_shot(page: Any, out: Path, written: list[str]) -> None:
+    page.get_by_role("tab", name="Sessions").click()
+    page.wait_for_function("() => { const s = document.querySelector('#sessions-status');"
+                           " return s && /stored session/.test(s.innerText); }", timeout=60_000)
+    cell = page.locator("#sessions-table [role=gridcell]").first
+    cell.wait_for()
+    cell.click()
+    _try_wait(page, "() => { const s = document.querySelector('#session-selected');"
+                    " return s && !/no session selected/.test(s.innerText); }")
+    page.wait_for_timeout(500)
+    _save(out, "sessions", page.screenshot(full_page=False), written)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the app and Chromium, take the screenshots, print the files written."""
+    from playground.bench._browser import app_and_browser, load_preset, new_page, set_number, wait_idle
+    from playground.models import BUNDLED_DIR
+
+    if not all((BUNDLED_DIR / m / "config.json").exists() for m in ("tiny-shakespeare", "tiny-shakespeare-draft")):
+        raise PlaygroundError("the screenshots need the bundled models; run `playground train-tiny` first")
+    want = set(args.only or NAMES)
+    out = Path(args.out)
+    written: list[str] = []
+    with app_and_browser(threads=1) as (app, browser):
+        page = new_page(browser, app.url)
+        if want & {"compare-running", "compare-finished", "inspector"}:
+            _compare_shots(page, want, out, written)
+        if "speculative-showdown" in want:
+            _showdown_shot(page, out, written)
+        if "sessions" in want:
+            if not written:  # the Sessions tab needs a stored session to show
+                load_preset(page, THREE_LANES)
+                set_number(page, "max-new-tokens", 16)
+                page.click("#run")
+                wait_idle(page)
+            _sessions_shot(page, out, written)
+        page.context.close()
+    for path in written:
+        print(path)
+    return 0
