@@ -39,10 +39,7 @@ def mlm(tokenizer):
 def bundled():
     from playground.models import load_model
 
-    try:
-        return load_model("tiny-shakespeare-diffusion", device="cpu")
-    except PlaygroundError as e:
-        pytest.skip(f"bundled diffusion model not available: {e}")
+    return load_model("tiny-shakespeare-diffusion", device="cpu")
 
 
 def run(handle, decoder, n=16, seed=0, prompt=PROMPT, **params):

@@ -4,19 +4,11 @@ the lookup decoders accept long drafts on the repetitive one."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from playground.engine import prepare
 
-MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not all((MODELS / n / "config.json").exists()
-                               for n in ("tiny-shakespeare", "tiny-shakespeare-draft")),
-                       reason="bundled models not trained yet"),
-]
+pytestmark = pytest.mark.slow
 
 LOSSLESS = ["speculative", "spec_tree", "prompt_lookup", "ngram_adaptive", "token_recycling",
             "jacobi", "lookahead", "layer_skip", "mask_probe"]

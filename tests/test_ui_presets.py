@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from decoders.base import REGISTRY, get_decoder
@@ -12,9 +10,6 @@ from playground.ui import state as st
 
 BUNDLED_KIND = {"tiny-shakespeare": "causal", "tiny-shakespeare-draft": "causal",
                 "tiny-shakespeare-diffusion": "diffusion"}
-# While the decoder families land one by one, PLAYGROUND_PRESETS_PARTIAL=1 skips lanes whose
-# decoder is not registered yet; without it every lane must validate.
-PARTIAL = os.environ.get("PLAYGROUND_PRESETS_PARTIAL") == "1"
 
 
 def _presets():
@@ -37,8 +32,7 @@ def test_preset_lanes_validate_against_the_registry(preset):
     assert 2 <= len(p["lanes"]) <= 6
     assert p["model"] in BUNDLED_KIND
     for lane in p["lanes"]:
-        if lane["decoder"] not in REGISTRY and PARTIAL:
-            continue
+        assert lane["decoder"] in REGISTRY, f"preset {preset!r} names unknown decoder {lane['decoder']!r}"
         cls = get_decoder(lane["decoder"])
         cls.params.validate(lane["decoder"], lane["params"])  # raises on an unknown knob or bad value
         model = lane.get("model") or p["model"]
