@@ -198,6 +198,18 @@ def test_acceptance_has_one_definition_everywhere():
     assert "acceptance 33%" in V.stats_line(tr)
 
 
+
+def test_speculative_bench_uses_the_same_definitions():
+    from playground.bench.speculative import _agg
+    from playground.trace import speculative_figures
+
+    rows = [{"new": 10, "tf": 5, "df": 8, "wall": 1.0, "acc": 6, "drafted": 12, "verifications": 4},
+            {"new": 9, "tf": 5, "df": 8, "wall": 1.0, "acc": 2, "drafted": 8, "verifications": 4}]
+    a = _agg(rows)
+    f = speculative_figures(drafted=20, accepted=8, verifications=8, committed=19)
+    assert (a["acc"], a["mal"]) == (f["acceptance_rate"], f["mean_accepted_length"]) == (0.4, 1.0)
+
+
 # ---------------------------------------------------------------------- denoise steps
 def test_heatmap_cells_are_commit_steps():
     tr = denoise_trace()

@@ -1,7 +1,8 @@
 """``playground bench --suite speculative``: the speculative family on the bundled models.
 
 For each decoder, over a fixed set of prompts (narrative, dialogue, repetition-heavy), at
-temperature 0 and 1: tokens per target forward, acceptance rate, mean accepted length,
+temperature 0 and 1: tokens per target forward, acceptance (accepted drafted tokens / drafted
+tokens), mean accepted length (accepted drafted tokens per verification),
 draft forwards, wall time and speedup against the autoregressive baseline (``greedy`` at
 temperature 0, ``sample`` at 1); and transformers' own assisted generation
 (``assistant_model=``) and prompt lookup (``prompt_lookup_num_tokens=``) on the same
@@ -119,7 +120,7 @@ def _ours(target: Any, draft: Any, decoder: str, prompt: str, n: int, temp: floa
     s = tr.stats
     return {"out": tr.output_ids, "prompt_ids": tr.prompt_ids, "new": s["new_tokens"], "tf": s["target_forwards"],
             "df": s["draft_forwards"], "wall": wall, "acc": s.get("accepted_tokens", 0),
-            "tried": s.get("verified_tokens", 0), "steps": s["steps"]}
+            "drafted": s.get("drafted_tokens", 0), "verifications": s.get("verifications", 0)}
 
 
 def _hf(target: Any, draft: Any, prompt: str, n: int, temp: float, how: str, seed: int) -> dict[str, Any]:
@@ -155,10 +156,19 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, float]:
     tf = sum(r["tf"] for r in rows)
     return {"new": new, "tf": tf, "tpf": new / tf if tf else 0.0, "df": sum(r["df"] for r in rows),
             "wall": sum(r["wall"] for r in rows),
-            "acc": (sum(r.get("acc", 0) for r in rows) / max(1, sum(r.get("tried", 0) for r in rows)))
-            if any("tried" in r for r in rows) else float("nan"),
-            "mal": sum(r.get("acc", 0) for r in rows) / max(1, sum(r.get("steps", 0) for r in rows))
-            if any("steps" in r for r in rows) else float("nan")}
+            **_figures(rows)}
+
+
+def _figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """acceptance and mean accepted length of our runs, by the definitions the trace stats
+    and the page use (:func:`playground.trace.speculative_figures`); NaN for transformers'."""
+    from playground.trace import speculative_figures
+
+    if not any("drafted" in r for r in rows):
+        return {"acc": float("nan"), "mal": float("nan")}
+    f = speculative_figures(sum(r["drafted"] for r in rows), sum(r["acc"] for r in rows),
+                            sum(r["verifications"] for r in rows), sum(r["new"] for r in rows))
+    return {"acc": f["acceptance_rate"], "mal": f["mean_accepted_length"]}
 
 
 def _bar(value: float, top: float, width: int = 36) -> str:
@@ -227,7 +237,8 @@ def run_suite(args: argparse.Namespace) -> str:
     for temp in (0.0, 1.0):
         b = _agg(base[temp])
         lines += [f"### Temperature {temp:g}", "",
-                  "| decoder | tokens / target forward | acceptance | mean accepted | draft forwards | wall s | speedup | = greedy |",
+                  "| decoder | tokens / target forward | acceptance (accepted / drafted) | mean accepted length "
+                  "(per verification) | draft forwards | wall s | speedup | = greedy |",
                   "|---|---:|---:|---:|---:|---:|---:|:--:|",
                   f"| {'greedy' if temp == 0 else 'sample'} (baseline) | {b['tpf']:.2f} | | | 0 | {b['wall']:.2f} | 1.00× | |"]
         for label, _dec, _k, temps in CONFIGS:
