@@ -125,20 +125,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from playground.engine import prepare
-    from playground.presets import load_preset
+    from playground.api import plan_compare, prepare_lanes
 
-    p = load_preset(args.preset)
-    prompt = args.prompt if args.prompt is not None else p["prompt"]
-    seed = args.seed if args.seed is not None else p["seed"]
-    model = args.model or p["model"]
-    traces = []
-    for lane in p["lanes"]:
-        mnt = args.max_new_tokens or lane.get("max_new_tokens") or p["max_new_tokens"]
-        run = prepare(model=lane.get("model") or model, decoder=lane["decoder"], prompt=prompt,
-                      max_new_tokens=int(mnt), seed=int(seed), draft=lane.get("draft"),
-                      params=lane.get("params", {}), load_kwargs=_load_kwargs(args))
-        traces.append(run.finish())
+    plan = plan_compare(args.preset, model=args.model, prompt=args.prompt, seed=args.seed,
+                        max_new_tokens=args.max_new_tokens)
+    traces = [run.finish() for run in prepare_lanes(plan, load_kwargs=_load_kwargs(args))]
     if args.json:
         print(json.dumps([t.to_dict() for t in traces], ensure_ascii=False))
     else:
@@ -150,9 +141,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_list_decoders(args: argparse.Namespace) -> int:
-    from decoders import all_decoders
+    from playground.api import list_decoders
 
-    specs = [c.spec() for c in all_decoders() if args.family in (None, c.family)]
+    specs = list_decoders(args.family)
     if args.json:
         print(json.dumps(specs, ensure_ascii=False))
         return 0

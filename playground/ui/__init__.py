@@ -26,11 +26,15 @@ def css() -> str:
 
 
 def build_app() -> gr.Blocks:
-    """Build the Gradio Blocks app (Compare and Sessions tabs)."""
+    """Build the Gradio Blocks app (Compare and Sessions tabs) with its public API endpoints
+    (``playground/ui/api_endpoints.py``); every UI handler is private to the API."""
+    from playground.ui import api_endpoints
     from playground.ui.compare import ComparePage
     from playground.ui.sessions_view import SessionsView
 
     with gr.Blocks(title="Decoder Playground", fill_width=True) as demo:
+        # Registered first so their API names are taken before any UI handler's.
+        public = api_endpoints.register()
         gr.Markdown(INTRO, elem_id="intro")
         with gr.Tabs(selected="compare", elem_id="tabs") as tabs:
             with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
@@ -41,6 +45,7 @@ def build_app() -> gr.Blocks:
                 sessions.build()
         page.wire(demo)
         sessions.wire(demo, sessions_tab)
+    api_endpoints.hide_ui_events(demo, public)
     demo.compare_page = page  # type: ignore[attr-defined]  (tests drive the handlers directly)
     demo.sessions_view = sessions  # type: ignore[attr-defined]
     return demo
