@@ -94,13 +94,14 @@ def wrap_parts(parts: Iterable[str], width: int, sep: str = " · ") -> list[str]
 
 
 def split_title(title: str, subtitle: str = "") -> tuple[str, list[str]]:
-    """(title line, subtitle lines): the title's " · " parts that do not fit its line move
-    to the subtitle, ahead of ``subtitle``'s own parts; lines fit a lane card."""
-    parts = title.split(" · ")
-    head = wrap_parts(parts, TITLE_CHARS)
-    first = head[0] if head else ""
-    rest = [p for line in head[1:] for p in line.split(" · ")]
-    return first, wrap_parts(rest + (subtitle.split(" · ") if subtitle else []), SUBTITLE_CHARS)
+    """(title line, subtitle lines): the title's first " · " part, then as many further parts
+    as fit its line; the rest move to the subtitle, ahead of ``subtitle``'s own parts, in
+    lines that fit a lane card. The first part is never broken (keep it short)."""
+    parts = [p for p in title.split(" · ") if p]
+    first, k = (parts[0] if parts else ""), 1
+    while k < len(parts) and len(first) + 3 + len(parts[k]) <= TITLE_CHARS:
+        first, k = first + " · " + parts[k], k + 1
+    return first, wrap_parts(parts[k:] + (subtitle.split(" · ") if subtitle else []), SUBTITLE_CHARS)
 
 
 def top_margin(subtitle_lines: int) -> int:

@@ -210,7 +210,7 @@ def unmask_heatmap(trace: dict[str, Any], step: int | None = None) -> go.Figure:
                         marker={"symbol": "x-thin", "size": 9, "line": {"width": 2, "color": REJECTED}})
     still = sum(1 for t in final if is_masked(t, mask_id_of(trace, steps[-1])))
     sub = f" · {still} still masked" if still else ""
-    base_layout(fig, f"{title} (position × step){sub}", xaxis_title="position in the canvas",
+    base_layout(fig, f"{title} · position × step{sub}", xaxis_title="position in the canvas",
                 yaxis={"title": "step", "autorange": "reversed"})
     if step is not None and isinstance(step, int):
         fig.add_hline(y=step, line={"color": CHOSEN, "width": 1, "dash": "dot"})

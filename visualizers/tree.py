@@ -213,7 +213,8 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
             mode="markers+text", name=st,
             marker={"size": 15, "color": STATUS_COLOUR[st], "line": {"width": 1, "color": "rgba(0,0,0,0.35)"},
                     "symbol": [source_symbol(n.get("source")) for n in group]},
-            text=[label(trace, n.get("token")) for n in group], textposition=text_pos,
+            text=[label(trace, n.get("token"), 14 if text_pos == "top center" else 10) for n in group],
+            textposition=text_pos, cliponaxis=False,
             customdata=[str(n["id"]) for n in group],
             hovertext=[_node_hover(trace, n, st, pos[n["id"]][0]) for n in group], hoverinfo="text",
         )
@@ -237,7 +238,9 @@ def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
     src = plot_text("source: " + ", ".join(f"{SYMBOL_GLYPH.get(source_symbol(x), '●')} {x}" for x in sources)) if sources else ""
     base_layout(fig, f"{title} · step {i} · accepted {len(path)} of {len(nodes)} drafted{extra}",
                 subtitle=src, height=tree_height(rows + 1),
-                xaxis={"title": "depth (tokens ahead)", "dtick": 1, "range": [-0.6, depth + 0.6],
+                # labels beside the deepest nodes need room to the right of them
+                xaxis={"title": "depth (tokens ahead)", "dtick": 1,
+                       "range": [-0.6, depth + (1.4 if text_pos == "middle right" else 0.6)],
                        "zeroline": False},
                 yaxis={"visible": False, "autorange": "reversed", "range": [rows + 0.8, -0.6]})
     return fig
