@@ -464,8 +464,12 @@ def _read_config(spec: str, source: str, location: str, trust_remote_code: bool)
         kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
         if source != "hub":
             kwargs["local_files_only"] = True
-        # remote config code is written into and imported from a shared modules folder
-        with _weights_lock if trust_remote_code else contextlib.nullcontext():
+        # Remote config code is written into and imported from a shared modules folder; a local
+        # config's first read imports its model family's module lazily, so it waits for imports.
+        # A hub read waits for neither: a slow hub must not hold up other lanes.
+        guard = (_weights_lock if trust_remote_code else
+                 _import_lock if source != "hub" else contextlib.nullcontext())
+        with guard:
             return AutoConfig.from_pretrained(location, **kwargs)
     except PlaygroundError:
         raise
