@@ -14,6 +14,14 @@ a time. Which lane steps next is a *policy*:
 when every lane is done. :meth:`Runner.cancel` (the Stop button, from any thread) stops
 every lane within one step and keeps what each produced. A lane that raises
 :class:`PlaygroundError` ends with its one-line error while the others carry on.
+
+:meth:`Runner.start` runs the same loop in a worker thread of its own, so decoding never
+waits for whoever shows the lanes: the worker publishes snapshots at most ``rate`` times
+per second and :meth:`Runner.latest` / :meth:`Runner.wait` read them. Lanes given as
+``Lane(prepare=...)`` are prepared (models loaded) each in its own thread; a lane starts
+stepping as soon as it is ready, so one lane's slow or failing draft never delays the
+others, and :meth:`Runner.cancel` abandons preparations still pending. The worker also ends
+when nobody has read a snapshot for ``abandon_after`` seconds (the page went away).
 """
 
 from __future__ import annotations
@@ -45,21 +53,79 @@ def error_trace(message: str, decoder: str = "", model: str = "", prompt: str = 
     }
 
 
+def pending_trace(decoder: str = "", model: str = "", prompt: str = "", params: dict[str, Any] | None = None,
+                  seed: int = 0, reason: str | None = None) -> dict[str, Any]:
+    """A valid, empty trace dict for a lane still being prepared (``reason`` None), or one
+    stopped before it was ready (``reason`` ``"cancelled"``)."""
+    tr = error_trace("", decoder=decoder, model=model, prompt=prompt, params=params, seed=seed)
+    tr["stats"].pop("error")
+    tr["stats"]["finish_reason"] = reason
+    tr["done"] = reason is not None
+    tr["preparing"] = reason is None
+    return tr
+
+
 @dataclass
 class Lane:
-    """One lane: its run (None if it failed before starting) and its error line, if any."""
+    """One lane: its run (None until prepared, or if it failed before starting), its error
+    line if any, and optionally ``prepare``, a callable that builds the run (a worker started
+    with :meth:`Runner.start` calls it in a thread of its own)."""
 
     run: Any = None
     error: str | None = None
     label: str = ""
     stub: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
+    prepare: Callable[[], Any] | None = None
     _final: dict[str, Any] | None = None
+
+    @property
+    def preparing(self) -> bool:
+        """Whether the lane is still waiting for its run to be built."""
+        return self.run is None and self.error is None and self.prepare is not None
 
     @property
     def done(self) -> bool:
         """Whether this lane will take no more steps."""
+        if self.preparing:
+            return False
         return self.run is None or bool(self.run.done)
+
+    def prepare_now(self) -> None:
+        """Build the run in this thread; a failure becomes the lane's one-line error."""
+        if not self.preparing:
+            return
+        run, err = build(self.prepare)  # type: ignore[arg-type]
+        self.attach(run, err)
+
+    def attach(self, run: Any, err: BaseException | None) -> None:
+        """Take the result of a preparation: the run, or why it could not be built. A lane
+        abandoned meanwhile (Stop) cancels the run it no longer wants."""
+        if not self.preparing:
+            if run is not None:
+                run.cancel()
+            return
+        if err is not None:
+            self.fail(err)
+        else:
+            self.run = run
+
+    def fail(self, e: BaseException) -> None:
+        """Record why the lane could not be prepared (one line)."""
+        if not isinstance(e, PlaygroundError):
+            log.error("lane %s could not be prepared", self.label, exc_info=e)
+        msg = str(e) if isinstance(e, PlaygroundError) else \
+            " ".join(f"could not start: {type(e).__name__}: {e}".split())[:300]
+        self.error = msg
+        base = self.stub or pending_trace(self.label)
+        self.stub = {**base, "stats": error_trace(msg)["stats"], "done": True, "preparing": False}
+
+    def abandon(self) -> None:
+        """Give up a preparation still pending (Stop): the lane ends empty, cancelled."""
+        if self.preparing:
+            self.prepare = None
+            self.stub = {**self.stub, "done": True, "preparing": False,
+                         "stats": {**self.stub.get("stats", {}), "finish_reason": "cancelled"}}
 
     @property
     def target_forwards(self) -> int:
@@ -70,6 +136,8 @@ class Lane:
         """The lane's trace so far (cached once the lane is done: it no longer changes)."""
         if self._final is not None:
             return self._final
+        if self.preparing:
+            return dict(self.stub) if self.stub else pending_trace(self.label)
         if self.run is None:
             snap = dict(self.stub) if self.stub else error_trace(self.error or "not started")
         else:
@@ -81,16 +149,26 @@ class Lane:
         return snap
 
 
+def build(prepare: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """Call ``prepare``; return (run, None) or (None, the exception it raised)."""
+    try:
+        return prepare(), None
+    except Exception as e:  # noqa: BLE001 - reported as the lane's error by the caller
+        return None, e
+
+
 class Runner:
     """Advance N runs in lockstep and stream their snapshots at a bounded rate.
 
     ``lanes`` holds prepared runs, or :class:`Lane` objects (a lane with ``run=None`` and an
-    ``error`` stands for one that could not be prepared). ``clock`` is injectable so tests
-    of the rate limit are deterministic.
+    ``error`` stands for one that could not be prepared; one with ``prepare`` is built
+    first). ``clock`` is injectable so tests of the rate limit are deterministic;
+    ``abandon_after`` (seconds without a :meth:`latest`/:meth:`wait` call) ends a worker whose
+    reader went away.
     """
 
     def __init__(self, lanes: list[Any], policy: str = "forwards", rate: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, abandon_after: float = 60.0) -> None:
         if policy not in POLICIES:
             raise PlaygroundError(f"unknown lockstep policy {policy!r}; use one of {', '.join(POLICIES)}")
         if not lanes:
@@ -99,9 +177,18 @@ class Runner:
         self.policy = policy
         self.interval = 1.0 / rate if rate and rate > 0 else 0.0
         self.clock = clock
+        self.abandon_after = abandon_after
         self._cancel = threading.Event()
         self._rr = -1
         self.cancelled = False
+        self.abandoned = False
+        # The worker: it publishes (version, snapshots); readers wait on the condition.
+        self._cond = threading.Condition()
+        self._version = 0
+        self._published: list[dict[str, Any]] | None = None
+        self._finished = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._read_at = time.monotonic()
 
     # ------------------------------------------------------------------ control
     def cancel(self) -> None:
@@ -112,15 +199,22 @@ class Runner:
             # step give up early; the generator itself is closed by the stepping thread.
             if lane.run is not None:
                 lane.run.ctx.cancel.set()
+        with self._cond:
+            self._cond.notify_all()  # a worker waiting for a preparation wakes at once
 
     @property
     def done(self) -> bool:
         """Whether every lane has finished (or failed, or been stopped)."""
         return all(lane.done for lane in self.lanes)
 
+    @property
+    def finished(self) -> bool:
+        """Whether the worker has ended (every lane done, stopped, or the reader gone)."""
+        return self._finished.is_set()
+
     def next_lane(self) -> int | None:
-        """Index of the lane the policy steps next, or None when all are done."""
-        live = [k for k, lane in enumerate(self.lanes) if not lane.done]
+        """Index of the ready lane the policy steps next, or None when none can step."""
+        live = [k for k, lane in enumerate(self.lanes) if not lane.done and lane.run is not None]
         if not live:
             return None
         if self.policy == "forwards":
@@ -132,7 +226,7 @@ class Runner:
         return self._rr
 
     def step(self) -> int | None:
-        """Advance the chosen lane by one step; return its index (None when all are done)."""
+        """Advance the chosen lane by one step; return its index (None when none can step)."""
         if self._cancel.is_set():
             self._stop_all()
             return None
@@ -155,9 +249,19 @@ class Runner:
 
     def _stop_all(self) -> None:
         self.cancelled = True
+        with self._cond:
+            for lane in self.lanes:
+                if lane.preparing:
+                    lane.abandon()
+                elif lane.run is not None and not lane.run.done:
+                    lane.run.cancel()
+
+    def prepare_all(self) -> None:
+        """Build every lane still to be prepared, one after another, in this thread."""
         for lane in self.lanes:
-            if lane.run is not None and not lane.run.done:
-                lane.run.cancel()
+            if self._cancel.is_set():
+                break
+            lane.prepare_now()
 
     # ------------------------------------------------------------------ output
     def snapshots(self) -> list[dict[str, Any]]:
@@ -165,8 +269,10 @@ class Runner:
         return [lane.snapshot() for lane in self.lanes]
 
     def stream(self) -> Iterator[list[dict[str, Any]]]:
-        """Run to the end, yielding snapshots: one at once, then at most ``rate`` per second,
-        then a final one when every lane is done or the runner was cancelled."""
+        """Run to the end in this thread, yielding snapshots: one at once, then at most
+        ``rate`` per second, then a final one when every lane is done or the runner was
+        cancelled."""
+        self.prepare_all()
         last = self.clock()
         yield self.snapshots()
         while True:
@@ -177,10 +283,113 @@ class Runner:
             if now - last >= self.interval:
                 last = now
                 yield self.snapshots()
+        if self._cancel.is_set():
+            self._stop_all()
         yield self.snapshots()
 
     def run_to_end(self) -> list[dict[str, Any]]:
         """Step until done without streaming; return the final snapshots."""
+        self.prepare_all()
         while self.step() is not None:
             pass
+        if self._cancel.is_set():
+            self._stop_all()
         return self.snapshots()
+
+    # ------------------------------------------------------------------ the worker
+    def start(self, name: str = "playground-runner") -> "Runner":
+        """Run the comparison in a worker thread of its own; read it with :meth:`latest`/:meth:`wait`."""
+        if self._thread is not None:
+            raise PlaygroundError("this comparison is already running")
+        self._read_at = time.monotonic()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The worker thread (None before :meth:`start`)."""
+        return self._thread
+
+    def latest(self) -> tuple[int, list[dict[str, Any]]]:
+        """The newest published (version, snapshots); the version grows with every publish."""
+        with self._cond:
+            self._read_at = time.monotonic()
+            if self._published is None:
+                return 0, [lane.stub or pending_trace(lane.label) for lane in self.lanes]
+            return self._version, self._published
+
+    def wait(self, version: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a publish newer than ``version``; True if there is one."""
+        with self._cond:
+            self._read_at = time.monotonic()
+            return self._cond.wait_for(lambda: self._version > version or self._finished.is_set(), timeout) \
+                and self._version > version
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the worker to end; True if it has."""
+        return self._finished.wait(timeout)
+
+    def _publish(self) -> None:
+        snaps = self.snapshots()
+        with self._cond:
+            self._published = snaps
+            self._version += 1
+            self._cond.notify_all()
+
+    def _abandoned(self) -> bool:
+        return self.abandon_after > 0 and time.monotonic() - self._read_at > self.abandon_after
+
+    def _work(self) -> None:
+        preparers = [threading.Thread(target=self._prepare_lane, args=(lane,), daemon=True,
+                                      name=f"{threading.current_thread().name}-prepare-{k}")
+                     for k, lane in enumerate(self.lanes) if lane.preparing]
+        try:
+            for t in preparers:
+                t.start()
+            self._publish()
+            last = self.clock()
+            while True:
+                if self._abandoned():
+                    log.warning("nobody reads this comparison any more: stopping it")
+                    self.abandoned = True
+                    self._cancel.set()
+                k = self.step()
+                if k is None:
+                    if self._cancel.is_set() or not any(lane.preparing for lane in self.lanes):
+                        break
+                    with self._cond:  # wait for a lane to be prepared, or for Stop
+                        self._cond.wait(0.05)
+                    if not self._cancel.is_set() and self.clock() - last >= self.interval:
+                        last = self.clock()
+                        self._publish()  # show lanes whose preparation failed at once
+                    continue
+                now = self.clock()
+                if now - last >= self.interval:
+                    last = now
+                    self._publish()
+        except BaseException:  # noqa: BLE001 - a bug in the worker must end the comparison, not hang it
+            log.exception("the comparison worker crashed")
+            self._cancel.set()
+            self._stop_all()
+            raise
+        finally:
+            if self._cancel.is_set():
+                self._stop_all()
+            try:
+                self._publish()
+            finally:
+                self._finished.set()
+                with self._cond:
+                    self._cond.notify_all()
+
+    def _prepare_lane(self, lane: Lane) -> None:
+        fn = lane.prepare
+        if fn is None:
+            return
+        run, err = build(fn)
+        with self._cond:
+            if self._cancel.is_set() and lane.preparing:
+                lane.abandon()
+            lane.attach(run, err)
+            self._cond.notify_all()

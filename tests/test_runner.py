@@ -188,3 +188,115 @@ def test_real_cancel_keeps_partial_trace(llama_handle):
     assert all(0 < len(s["output_ids"]) < 50 for s in frame)
     for s in frame:
         validate_trace_dict(s)
+
+
+# ---------------------------------------------------------------------- the worker thread
+def _worker_final(r: Runner) -> list[dict]:
+    assert r.join(60), "the worker did not end"
+    r.thread.join(30)
+    assert not r.thread.is_alive()
+    return r.latest()[1]
+
+
+def test_the_worker_steps_in_the_same_lockstep_order_as_the_caller_would():
+    log_a: list[str] = []
+    Runner([FakeRun("big", 3, 4, log_a), FakeRun("spec", 1, 12, log_a)]).run_to_end()
+    log_b: list[str] = []
+    r = Runner([FakeRun("big", 3, 4, log_b), FakeRun("spec", 1, 12, log_b)]).start()
+    final = _worker_final(r)
+    assert log_b == log_a
+    assert [s["n"] for s in final] == [4, 12] and all(s["done"] for s in final)
+    assert r.finished and not r.cancelled
+
+
+def test_a_lane_still_preparing_never_delays_the_others():
+    """Lane 1's model load hangs; lane 2 decodes to its end meanwhile; then lane 1 starts."""
+    log: list[str] = []
+    release = threading.Event()
+    slow = FakeRun("slow", 1, 3, log)
+
+    def prepare_slow():
+        release.wait(60)
+        return slow
+
+    r = Runner([Lane(label="slow", prepare=prepare_slow), Lane(label="fast", prepare=lambda: FakeRun("fast", 1, 5, log))],
+               rate=0).start()
+    version = 0
+    while True:  # read as the page does until the fast lane is done
+        assert r.wait(version, 30), "no new snapshot"
+        version, snaps = r.latest()
+        if snaps[1]["done"]:
+            break
+    assert log == ["fast"] * 5 and snaps[0].get("preparing") and not snaps[0]["done"]
+    release.set()
+    final = _worker_final(r)
+    assert log == ["fast"] * 5 + ["slow"] * 3 and [s["n"] for s in final] == [3, 5]
+
+
+def test_a_lane_whose_preparation_fails_shows_its_error_and_the_others_run():
+    log: list[str] = []
+
+    def bad():
+        raise PlaygroundError("draft model 'nope' does not exist")
+
+    r = Runner([Lane(label="bad", prepare=bad, stub=error_trace("", decoder="speculative")),
+                Lane(label="ok", prepare=lambda: FakeRun("ok", 1, 4, log))]).start()
+    final = _worker_final(r)
+    assert final[0]["stats"]["error"] == "draft model 'nope' does not exist" and final[0]["done"]
+    assert final[0]["decoder"] == "speculative"
+    validate_trace_dict(final[0])
+    assert log == ["ok"] * 4
+
+
+def test_stop_while_a_lane_is_preparing_ends_the_worker_and_cancels_the_late_run():
+    log: list[str] = []
+    release = threading.Event()
+    late = FakeRun("late", 1, 10, log)
+
+    def hang():
+        release.wait(60)
+        return late
+
+    r = Runner([Lane(label="late", prepare=hang), FakeRun("a", 1, 10**6, log)], rate=0).start()
+    assert r.wait(0, 30)
+    r.cancel()  # Stop, while lane 1 still loads
+    final = _worker_final(r)
+    assert r.cancelled
+    assert final[0]["stats"]["finish_reason"] == "cancelled" and final[0]["done"]
+    assert final[1]["reason"] == "cancelled"
+    release.set()  # the load finishes after Stop: its run is cancelled, never stepped
+    for _ in range(600):
+        if late.done:
+            break
+        threading.Event().wait(0.05)
+    assert late.reason == "cancelled" and "late" not in log
+
+
+def test_the_worker_ends_when_nobody_reads_it():
+    log: list[str] = []
+    r = Runner([FakeRun("a", 1, 10**9, log)], rate=10, abandon_after=0.2).start()
+    _worker_final(r)
+    assert r.abandoned and r.cancelled
+    assert 0 < len(log) < 10**9
+
+
+def test_a_worker_starts_once():
+    r = Runner([FakeRun("a", 1, 1, [])]).start()
+    with pytest.raises(PlaygroundError, match="already running"):
+        r.start()
+    _worker_final(r)
+
+
+def test_real_runs_in_the_worker_match_the_caller_thread(llama_handle):
+    from playground.engine import prepare
+
+    def lanes():
+        return [Lane(label=d, prepare=lambda d=d: prepare(llama_handle, d, "ROMEO:", max_new_tokens=8, seed=3,
+                                                          params=p))
+                for d, p in (("greedy", {}), ("sample", {"temperature": 1.0}))]
+
+    here = Runner(lanes()).run_to_end()
+    there = _worker_final(Runner(lanes()).start())
+    assert [s["output_ids"] for s in there] == [s["output_ids"] for s in here]
+    for s in there:
+        validate_trace_dict(s)

@@ -315,3 +315,99 @@ def test_a_tokenizer_that_produces_script_tokens_is_escaped_on_the_page(page, db
         assert "<script" not in out and "<img" not in out
     figures = [v["value"] for v in final.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
     assert figures and all("<script" not in f.to_json() for f in figures)
+
+
+# ---------------------------------------------------------------------- the streaming session
+class Session:
+    """Stands in for gr.Request: one browser session."""
+
+    def __init__(self, name: str) -> None:
+        self.session_hash = name
+
+
+def _runner_of(key):
+    from playground.ui import run_session
+
+    return run_session._RUNNERS.get(key)
+
+
+def _until_running(gen, key):
+    """Advance a Run generator until its comparison's worker is registered and decoding."""
+    for _ in range(10_000):
+        frame = next(gen)
+        r = _runner_of(key)
+        if r is not None and any(t.get("steps") for t in r.latest()[1]):
+            return r, frame
+    raise AssertionError("the run never started decoding")
+
+
+def test_closing_the_run_stream_ends_its_worker(page, tiny, db):
+    """The page goes away mid-run (Gradio closes the generator): no decoding thread is left."""
+    gen = page.on_run(Session("gone"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
+    runner, _ = _until_running(gen, "gone")
+    thread = runner.thread
+    gen.close()
+    thread.join(60)
+    assert not thread.is_alive() and runner.cancelled
+    assert _runner_of("gone") is None
+    assert not [t for t in __import__("threading").enumerate() if t.name.startswith("playground-compare-gone")]
+
+
+def test_a_second_run_in_the_same_page_is_refused_and_stop_still_reaches_the_first(page, tiny, db):
+    first = page.on_run(Session("busy"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
+    runner, _ = _until_running(first, "busy")
+    frames = list(page.on_run(Session("busy"), *run_args(page, [("greedy", {})], max_new=4)))
+    assert len(frames) == 1 and "already running" in html_of(frames[0], page.status)
+    assert page.run_btn not in frames[0]  # the refused run leaves the first one's buttons alone
+    assert _runner_of("busy") is runner
+    page.on_stop(Session("busy"))
+    final = list(first)[-1]
+    assert "Stopped" in html_of(final, page.status)
+    assert all(t["stats"]["finish_reason"] == "cancelled" for t in final[page.traces])
+
+
+def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, monkeypatch):
+    """Lane 2's model hangs while loading; Stop ends the run with lane 1's output kept."""
+    import threading
+
+    import playground.engine
+
+    release = threading.Event()
+
+    def load(spec, **kw):
+        if spec == "hanging-model":
+            release.wait(120)
+        return tiny
+
+    monkeypatch.setattr(playground.engine, "load_model", load)
+    args = run_args(page, [("greedy", {}), ("greedy", {})], max_new=200)
+    args[9 + 4 + 3] = "hanging-model"  # lane 2's own model
+    gen = page.on_run(Session("prep"), *args)
+    runner, _ = _until_running(gen, "prep")
+    assert runner.lanes[1].preparing
+    page.on_stop(Session("prep"))
+    final = list(gen)[-1]
+    release.set()
+    traces = final[page.traces]
+    assert "Stopped" in html_of(final, page.status)
+    assert traces[0]["output_ids"] and traces[1]["stats"]["finish_reason"] == "cancelled"
+    assert not traces[1]["output_ids"]
+
+
+def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatch):
+    import playground.ui.run_session as rs
+
+    monkeypatch.setattr(rs, "STREAM_RATE", 0)
+    frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
+    live = frames[1:-1]
+    assert live and all(page.traces not in f for f in live)  # the state is filled in once, at the end
+    assert all(not any(c in f for c in page.lanes[0].run_plots) for f in live)
+    # a lane whose text did not change sends nothing: some frames carry only one lane
+    assert any((page.lanes[0].output in f) != (page.lanes[1].output in f) for f in live)
+
+
+def test_no_page_handler_is_a_public_api_endpoint(demo):
+    page_fns = {getattr(f.fn, "__name__", "") for f in demo.fns.values() if f.api_visibility != "private"}
+    assert not {n for n in page_fns if n.startswith("on_") or n in ("load_example", "_knobs")}
+    named = demo.get_api_info()["named_endpoints"]
+    assert not [n for n in named if "on_" in n]

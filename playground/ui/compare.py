@@ -17,6 +17,9 @@ The page is assembled from modules with one job each:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import gradio as gr
 
 from playground.ui.html import error_html, one_line, status_html
@@ -25,7 +28,7 @@ from playground.ui.lane_config import LaneConfigHandlers
 from playground.ui.layout import LaneUI
 from playground.ui.run_session import RunSession
 
-__all__ = ["ComparePage", "LaneUI", "error_html", "one_line", "status_html"]
+__all__ = ["ComparePage", "LaneUI", "error_html", "one_line", "private_events", "status_html"]
 
 
 class ComparePage(LaneConfigHandlers, RunSession, InspectorHandlers):
@@ -34,10 +37,36 @@ class ComparePage(LaneConfigHandlers, RunSession, InspectorHandlers):
     def __init__(self) -> None:
         self.lanes: list[LaneUI] = []
 
+    def build(self) -> None:
+        """Create the components; their own events (examples, knob renders) are private too."""
+        from gradio.context import Context
+
+        with private_events(Context.root_block):
+            super().build()
+
     def wire(self, demo: gr.Blocks) -> None:
-        """Attach every event of the page."""
-        self.wire_config(demo)
-        self.wire_run(demo)
-        self.wire_inspector(demo)
-        self.wire_share(demo)
-        self.wire_load(demo)
+        """Attach every event of the page, each hidden from the public API."""
+        with private_events(demo):
+            self.wire_config(demo)
+            self.wire_run(demo)
+            self.wire_inspector(demo)
+            self.wire_share(demo)
+            self.wire_load(demo)
+
+
+@contextmanager
+def private_events(demo: gr.Blocks) -> Iterator[None]:
+    """Hide every event listener registered inside the block from the public API.
+
+    The page's handlers take component values in page order (and ``gr.Request``); they are
+    no interface for scripts, which get their own endpoints. ``api_visibility="private"``
+    (Gradio 6) hides them from the API page and the client libraries; the page itself
+    still calls them. Applied here, once, so a listener added later is hidden too.
+    """
+    before = set(demo.fns)
+    try:
+        yield
+    finally:
+        for i, fn in demo.fns.items():
+            if i not in before:
+                fn.api_visibility = "private"

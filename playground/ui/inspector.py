@@ -14,7 +14,7 @@ import gradio as gr
 
 import visualizers
 from playground.ui import state as st
-from playground.ui.html import error_html, esc, stats_html
+from playground.ui.html import empty_output, error_html, esc, stats_html
 from playground.ui.layout import PageLayout
 
 PLOT_EVERY_S = 1.0  # plot refresh period while streaming (text streams at the runner's rate)
@@ -65,10 +65,30 @@ class InspectorHandlers(PageLayout):
             up.update(self.inspector_updates(traces, step))
         return up
 
+    def live_updates(self, traces: list[dict[str, Any]], metric: str, shown: dict[int, Any]) -> dict[Any, Any]:
+        """While streaming: output and stats of the lanes that changed since ``shown`` (updated)."""
+        up: dict[Any, Any] = {}
+        for j, tr in enumerate(traces[: len(self.lanes)]):
+            stats = tr.get("stats") or {}
+            sig = (len(tr.get("output_ids") or ()), len(tr.get("steps") or ()), bool(tr.get("done")),
+                   bool(tr.get("preparing")), stats.get("error"), stats.get("finish_reason"))
+            if shown.get(j) == sig:
+                continue
+            first = j not in shown
+            shown[j] = sig
+            lane = self.lane_updates(j, tr, metric, live=True)
+            if not first:
+                lane.pop(self.lanes[j].legend)  # the colouring does not change while a lane runs
+            up.update(lane)
+        return up
+
     def lane_updates(self, j: int, trace: dict[str, Any], metric: str, live: bool = False) -> dict[Any, Any]:
         """Output, legend and stats of lane ``j`` (0-based); ``live`` while streaming."""
         ui = self.lanes[j]
         m = st.auto_metric(trace, metric)
+        if trace.get("preparing"):
+            return {ui.output: empty_output(ui.k, "Preparing (loading models if needed)…"),
+                    ui.legend: visualizers.legend_html(m), ui.stats: stats_html("")}
         err = (trace.get("stats") or {}).get("error")
         body = visualizers.tokens_html(trace, m, lane=ui.k)
         if err:
@@ -82,13 +102,18 @@ class InspectorHandlers(PageLayout):
                 ui.stats: stats_html(visualizers.stats_line(trace))}
 
     def inspector_updates(self, traces: list[dict[str, Any]], step: int | None = None,
-                          run_plots: bool = True) -> dict[Any, Any]:
-        """The scrubber, the comparison strip and every lane's plots at ``step`` (None: last)."""
+                          run_plots: bool = True, follow: bool = True) -> dict[Any, Any]:
+        """The scrubber, the comparison strip and every lane's plots at ``step`` (None: last).
+
+        With ``follow`` False (the user picked a step while the run streams) the scrubber's
+        range grows but its value stays where the user put it.
+        """
         counts = [visualizers.step_count(t) for t in traces]
         top = max(counts, default=0)
         s = top - 1 if step is None else step
         s = max(0, min(int(s), max(top - 1, 0)))
-        up: dict[Any, Any] = {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=s)}
+        up: dict[Any, Any] = {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=s) if follow
+                              else gr.update(minimum=0, maximum=max(top - 1, 1))}
         if run_plots:
             up[self.progress_plot] = visualizers.progress_figure(traces)
             up[self.divergence] = visualizers.divergence_html(traces)
@@ -104,10 +129,11 @@ class InspectorHandlers(PageLayout):
                 up.update(slot_updates(ui.run_html, ui.run_plots, visualizers.run_figures(tr)))
         return up
 
-    def strip_updates(self, traces: list[dict[str, Any]]) -> dict[Any, Any]:
+    def strip_updates(self, traces: list[dict[str, Any]], follow: bool = True) -> dict[Any, Any]:
         """The cheap part of the inspector: scrubber range and the comparison strip."""
         top = max((visualizers.step_count(t) for t in traces), default=0)
-        return {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=max(top - 1, 0)),
+        rng = {"minimum": 0, "maximum": max(top - 1, 1)}
+        return {self.step: gr.update(**rng, value=max(top - 1, 0)) if follow else gr.update(**rng),
                 self.progress_plot: visualizers.progress_figure(traces),
                 self.divergence: visualizers.divergence_html(traces)}
 
@@ -124,18 +150,32 @@ class InspectorHandlers(PageLayout):
                 up.update(self.lane_updates(j, tr, metric))
         return up
 
-    def on_step(self, step: float, traces: list[dict[str, Any]]) -> dict[Any, Any]:
-        """The scrubber moved: redraw each lane's step plots."""
-        return self.step_updates(traces or [], int(step or 0))
+    def on_step(self, step: float, traces: list[dict[str, Any]], request: gr.Request) -> dict[Any, Any]:
+        """The scrubber moved: redraw each lane's step plots (of the live run while one streams)."""
+        return self.step_updates(_looked_at(request, traces, int(step or 0)), int(step or 0))
 
-    def on_token(self, traces: list[dict[str, Any]], evt: gr.EventData) -> dict[Any, Any]:
+    def on_token(self, traces: list[dict[str, Any]], evt: gr.EventData, request: gr.Request) -> dict[Any, Any]:
         """A token was clicked: jump the scrubber to the step that produced it."""
         data = getattr(evt, "_data", None) or {}
         try:
             step = int(data.get("step"))
         except (TypeError, ValueError):
             return {}
-        return self.step_updates(traces or [], step)
+        return self.step_updates(_looked_at(request, traces, step), step)
+
+
+def _looked_at(request: Any, traces: list[dict[str, Any]] | None, step: int) -> list[dict[str, Any]]:
+    """The traces the user is looking at: the live snapshots while this page's run streams
+    (its traces state is filled in only when it ends; the run's paced redraws now follow
+    ``step``), else the stored ``traces``."""
+    from playground.ui.run_session import running_runner, select_step, session_key
+
+    key = session_key(request)
+    runner = running_runner(key)
+    if runner is None:
+        return list(traces or [])
+    select_step(key, step)
+    return runner.latest()[1]
 
 
 def slot_updates(html_comp: Any, plots: list[Any], figs: list[tuple[str, Any]]) -> dict[Any, Any]:
@@ -176,7 +216,7 @@ class PlotPacer:
     keeps plotting under about 1/factor of the time however slow the machine is.
     """
 
-    BASE = {"strip": 2 * PLOT_EVERY_S, "lanes": 8 * PLOT_EVERY_S}
+    BASE = {"strip": 2 * PLOT_EVERY_S, "lanes": 3 * PLOT_EVERY_S}
 
     def __init__(self, factor: float = 8.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.factor, self.clock = factor, clock

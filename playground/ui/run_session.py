@@ -1,8 +1,19 @@
 """The streaming session of the Compare page: Run, Stop, Share, and the model work behind them.
 
-A Run checks the page, prepares every lane, registers its :class:`~playground.runner.Runner`
-under the browser session (so a Stop click, a separate event, can reach it), streams the
-runner's snapshots to the page, and saves the session at the end.
+The data path reads in one direction: Run → worker → snapshot → page.
+
+1. :meth:`RunSession.on_run` checks the page and starts :func:`compare_stream`.
+2. :func:`compare_stream` registers a :class:`~playground.runner.Runner` under the browser
+   session (so Stop, a separate unqueued event, reaches it at once, even while lanes are still
+   being prepared) and starts its worker thread: each lane is prepared in a thread of its own
+   and the worker steps the lanes in lockstep, never waiting for the page.
+3. The page takes the latest published snapshot at most ``STREAM_RATE`` times per second and
+   sends only what changed: the new tokens of lanes that grew (an append), their stats, the
+   status; the comparison strip and the selected step's plots at a modest paced rate; every
+   plot once the run ends, when the session is saved.
+
+Closing the Run generator (the page went away) cancels the runner and waits for its worker
+to end; the worker also ends by itself when nobody reads it any more.
 """
 
 from __future__ import annotations
@@ -16,18 +27,28 @@ import gradio as gr
 
 from playground.errors import PlaygroundError
 from playground.ui import state as st
-from playground.ui.html import empty_output, one_line, status_html
+from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import PlotPacer
 from playground.ui.layout import PageLayout
 
 log = logging.getLogger(__name__)
 
-STREAM_RATE = 10.0
+STREAM_RATE = 12.0  # page frames per second at most while lanes stream (0: every publish)
+JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops within one step)
 
-# Stop buttons reach the running generator through this registry (session hash -> runner):
-# the Stop click is a separate event, possibly on another worker thread.
+# Stop buttons reach the running comparison through this registry (session hash -> runner):
+# the Stop click is a separate event, possibly on another worker thread. One comparison per
+# browser session: a second Run while one is going is refused, so Stop always reaches it.
 _RUNNERS: dict[str, Any] = {}
 _RUNNERS_LOCK = threading.Lock()
+# The step a session's user picked in the inspector while its run streams (None: follow the end).
+_SELECTED: dict[str, int] = {}
+
+BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
+
+
+class Busy(PlaygroundError):
+    """A second comparison was asked for in a page whose first one is still running."""
 
 
 class RunSession(PageLayout):
@@ -78,42 +99,59 @@ class RunSession(PageLayout):
             yield {self.status: status_html(str(e), "error")}
             return
         key = session_key(request)
+        if running_runner(key) is not None:
+            gr.Warning(BUSY_MESSAGE)
+            yield {self.status: status_html(BUSY_MESSAGE, "error")}
+            return
         started = time.perf_counter()
         start: dict[Any, Any] = {
             self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
             self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True)}
         for ui in self.lanes[:n]:
             start[ui.output] = empty_output(ui.k, "Starting…")
-            start[ui.stats] = '<div class="lane-stats">—</div>'
+            start[ui.stats] = stats_html("")
         yield start
         pacer = PlotPacer()
         traces: list[dict[str, Any]] = []
         runner = None
+        shown: dict[int, Any] = {}  # lane -> what its output shows now (so unchanged lanes send nothing)
+        warned: set[int] = set()
+        last_status = -1.0
+        _SELECTED.pop(key, None)
+        stream = compare_stream(page_model, prompt, seed_i, mnt, policy, lanes, key)
         try:
-            for kind, payload in compare_stream(page_model, prompt, seed_i, mnt, policy, lanes, key):
-                if kind == "errors":
-                    for msg in sorted(set(payload.values())):
-                        gr.Warning(msg)
-                    continue
+            for kind, payload in stream:
                 if kind == "runner":
                     runner = payload
                     continue
                 traces = payload
-                if runner is not None and runner.done:
+                for j, tr in enumerate(traces):
+                    err = (tr.get("stats") or {}).get("error")
+                    if err and j not in warned and not tr.get("steps"):
+                        warned.add(j)  # a lane that could not start: say so once, at once
+                        gr.Warning(f"lane {j + 1}: {err}")
+                if runner is not None and runner.finished:
                     continue  # the final frame is drawn in full below
                 now = time.perf_counter()
-                running = sum(1 for t in traces if not t.get("done"))
-                up = self.result_updates(
-                    traces, metric, plots=False, live=True,
-                    status=status_html(f"Running… {running} of {len(traces)} lanes still decoding "
-                                       f"({now - started:.1f} s)"))
+                up = self.live_updates(traces, metric, shown)
+                if now - last_status >= 0.5 or not up:
+                    last_status = now
+                    running = sum(1 for t in traces if not t.get("done"))
+                    up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding "
+                                                  f"({now - started:.1f} s)")
                 if pacer.due("lanes", now):
                     with pacer.timed("lanes"):
-                        up.update(self.inspector_updates(traces, None, run_plots=True))
+                        up.update(self.inspector_updates(traces, _SELECTED.get(key), run_plots=False,
+                                                         follow=key not in _SELECTED))
+                        up.update(self.strip_updates(traces, follow=key not in _SELECTED))
                 elif pacer.due("strip", now):
                     with pacer.timed("strip"):
-                        up.update(self.strip_updates(traces))
+                        up.update(self.strip_updates(traces, follow=key not in _SELECTED))
                 yield up
+        except Busy as e:  # another Run of this page got there first: leave it alone
+            gr.Warning(str(e))
+            yield {self.status: status_html(str(e), "error")}
+            return
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
             yield {self.status: status_html(str(e), "error"), **self.idle_buttons()}
@@ -124,6 +162,9 @@ class RunSession(PageLayout):
             gr.Warning(msg)
             yield {self.status: status_html(msg, "error"), **self.idle_buttons()}
             return
+        finally:
+            stream.close()  # the page went away (or an error): the worker must not run on
+            _SELECTED.pop(key, None)
         stopped = runner is not None and runner.cancelled
         sid, saved = None, ""
         if traces and any(t.get("steps") for t in traces):
@@ -153,9 +194,7 @@ class RunSession(PageLayout):
         stopped lanes. (Sharing an output with the streaming event was a suspect in a run
         that never showed its last frame.)
         """
-        key = session_key(request)
-        with _RUNNERS_LOCK:
-            runner = _RUNNERS.get(key)
+        runner = running_runner(session_key(request))
         if runner is not None:
             runner.cancel()
 
@@ -168,48 +207,75 @@ class RunSession(PageLayout):
 
 
 # ---------------------------------------------------------------------- the model work
+def running_runner(key: str) -> Any:
+    """The comparison running in browser session ``key``, or None."""
+    with _RUNNERS_LOCK:
+        runner = _RUNNERS.get(key)
+    return runner if runner is not None and not runner.finished else None
+
+
+def select_step(key: str, step: int) -> None:
+    """Remember the step the user picked while session ``key``'s run streams (plots follow it)."""
+    if running_runner(key) is not None:
+        _SELECTED[key] = int(step)
+
+
 def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
                          lanes: list[st.LaneConfig], key: str) -> Iterator[tuple[str, Any]]:
-    """Prepare every lane and stream the runner's snapshots.
+    """Start the comparison's worker and stream its snapshots at the page's cadence.
 
-    Yields ("errors", {lane: message}) once if some lanes could not start, ("runner", runner)
-    once, then ("snapshots", [trace dict per lane]) at the runner's rate. Raises
-    PlaygroundError when no lane can start for the same page-level reason.
+    Yields ("runner", runner) once, then ("snapshots", [trace dict per lane]) at most
+    ``STREAM_RATE`` times per second while something changed, and a final one. Raises
+    :class:`Busy` when this browser session already runs a comparison, and PlaygroundError
+    when no lane could start, all for the same page-level reason.
     """
-    from playground.engine import prepare
-    from playground.runner import Lane, Runner, error_trace
+    from playground.runner import Lane, Runner, pending_trace
 
-    prepared: list[Lane] = []
-    errors: dict[int, str] = {}
-    for j, cfg in enumerate(lanes):
-        try:
-            # lane_request refuses a knob out of range or a missing draft: that lane fails, not the page
-            req = st.lane_request(cfg, model, prompt, seed, max_new_tokens)
-            prepared.append(Lane(run=prepare(**req), label=cfg.decoder))
-        except Exception as e:  # noqa: BLE001 - a lane that cannot start must not take the page down
-            if not isinstance(e, PlaygroundError):
-                log.exception("lane %d (%s) could not be prepared", j + 1, cfg.decoder)
-            msg = str(e) if isinstance(e, PlaygroundError) else one_line(f"could not start: {type(e).__name__}: {e}")
-            errors[j] = msg
-            prepared.append(Lane(error=msg, label=cfg.decoder,
-                                 stub=error_trace(msg, decoder=cfg.decoder, model=cfg.model or model, prompt=prompt,
-                                                  params=cfg.params, seed=seed)))
-    if errors and len(errors) == len(lanes) and len(set(errors.values())) == 1:
-        raise PlaygroundError(next(iter(errors.values())))
-    if errors:
-        yield "errors", {j + 1: f"lane {j + 1}: {m}" for j, m in errors.items()}
-    runner = Runner(prepared, policy=policy, rate=STREAM_RATE)
+    runner = Runner([Lane(label=cfg.decoder, prepare=_preparer(cfg, model, prompt, seed, max_new_tokens),
+                          stub=pending_trace(cfg.decoder, cfg.model or model, prompt, cfg.params, seed))
+                     for cfg in lanes], policy=policy, rate=STREAM_RATE)
     with _RUNNERS_LOCK:
+        old = _RUNNERS.get(key)
+        if old is not None and not old.finished:
+            raise Busy(BUSY_MESSAGE)
         _RUNNERS[key] = runner
     try:
+        runner.start(name=f"playground-compare-{key[:12]}")
         yield "runner", runner
-        for snaps in runner.stream():
+        period = 1.0 / STREAM_RATE if STREAM_RATE > 0 else 0.0
+        version = 0
+        while not runner.finished:
+            if not runner.wait(version, timeout=1.0):
+                continue
+            version, snaps = runner.latest()
+            shown_at = time.monotonic()
             yield "snapshots", snaps
+            rest = period - (time.monotonic() - shown_at)
+            if rest > 0:
+                runner.join(rest)  # the page's cadence; the worker decodes on meanwhile
+        _version, snaps = runner.latest()
+        failed = [lane.error for lane in runner.lanes if lane.run is None and lane.error]
+        if failed and len(failed) == len(runner.lanes) and len(set(failed)) == 1:
+            raise PlaygroundError(failed[0])
+        yield "snapshots", snaps
     finally:
         runner.cancel()  # a closed stream (browser gone) must not leave lanes running
+        if not runner.join(JOIN_S):
+            log.warning("the comparison worker of %s did not end within %.0f s of Stop", key, JOIN_S)
         with _RUNNERS_LOCK:
             if _RUNNERS.get(key) is runner:
                 del _RUNNERS[key]
+
+
+def _preparer(cfg: st.LaneConfig, model: str, prompt: str, seed: int, max_new_tokens: int) -> Callable[[], Any]:
+    """A callable that builds lane ``cfg``'s run (in the lane's own preparation thread)."""
+    def build() -> Any:
+        from playground.engine import prepare
+
+        # lane_request refuses a knob out of range or a missing draft: that lane fails, not the page
+        return prepare(**st.lane_request(cfg, model, prompt, seed, max_new_tokens))
+
+    return build
 
 
 def _gpu_wrapped() -> Callable[..., Iterator[tuple[str, Any]]]:

@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from playground.errors import PlaygroundError
-from playground.ui.compare import ComparePage
+from playground.ui.compare import ComparePage, private_events
 from playground.ui.html import status_html
 
 HEADERS = ["Title", "Model", "Decoders", "Created (UTC)", "Id"]
@@ -68,7 +68,12 @@ class SessionsView:
         self.export_file = gr.File(label="Export", elem_id="session-export-file", visible=False, interactive=False)
 
     def wire(self, demo: gr.Blocks, tab: Any) -> None:
-        """Attach the events; ``tab`` is the Sessions tab (refreshed when selected)."""
+        """Attach the events, hidden from the public API; ``tab`` is the Sessions tab (refreshed
+        when selected)."""
+        with private_events(demo):
+            self._wire(demo, tab)
+
+    def _wire(self, demo: gr.Blocks, tab: Any) -> None:
         listing = [self.table, self.status]
         self.refresh.click(self.on_refresh, None, listing)
         tab.select(self.on_refresh, None, listing)
