@@ -1,5 +1,6 @@
 """The app's public API, called as a user of a Space would: ``gradio_client`` against the app
-started here (127.0.0.1, a free port, a temporary session database), on the bundled models.
+started here (127.0.0.1, a free port, a temporary session database), on the bundled models;
+and, without a server, how :mod:`playground.api` reads a comparison request.
 
 Each endpoint is checked against the front door it mirrors: ``/generate`` against
 ``playground.generate``, ``/compare`` against ``playground compare --json``, ``/session``
@@ -13,7 +14,7 @@ import socket
 
 import pytest
 
-pytestmark = pytest.mark.slow  # builds and serves the whole Gradio app
+slow = pytest.mark.slow  # the tests that build and serve the whole Gradio app
 
 PUBLIC = {"/generate", "/compare", "/compare_stream", "/session", "/decoders"}
 PRESET = "lossless-check"  # greedy and its lossless speculative twins: four causal lanes
@@ -84,6 +85,7 @@ def ids_by_lane(traces: list[dict]) -> list[tuple[str, list[int]]]:
 
 
 # ---------------------------------------------------------------------- the API page
+@slow
 def test_view_api_lists_exactly_the_public_endpoints(client):
     info = client.view_api(return_format="dict", print_info=False)
     assert set(info["named_endpoints"]) == PUBLIC
@@ -96,6 +98,7 @@ def test_view_api_lists_exactly_the_public_endpoints(client):
     assert params["/decoders"] == ["family"]
 
 
+@slow
 def test_model_endpoints_share_the_pages_model_concurrency_group(served):
     from playground.hosting import MODEL_CONCURRENCY_ID
     from playground.settings import limits
@@ -110,6 +113,7 @@ def test_model_endpoints_share_the_pages_model_concurrency_group(served):
 
 
 # ---------------------------------------------------------------------- results
+@slow
 def test_generate_equals_the_python_api(client):
     import playground
 
@@ -126,6 +130,7 @@ def test_generate_equals_the_python_api(client):
         assert got["steps"] and got["schema"] == want["schema"]
 
 
+@slow
 def test_knobs_may_come_as_json_text(client):
     a = client.predict(decoder="top_k", prompt="ROMEO:", max_new_tokens=6, seed=1, knobs='{"k": 3}',
                        api_name="/generate")
@@ -134,6 +139,7 @@ def test_knobs_may_come_as_json_text(client):
     assert a["params"]["k"] == 3 and a["output_ids"] == b["output_ids"]
 
 
+@slow
 def test_compare_with_a_preset_equals_the_cli(compared, served, capsys):
     want = cli_json(capsys, "compare", "--preset", PRESET, "--max-new-tokens", str(TOKENS), "--json")
     assert ids_by_lane(compared["traces"]) == ids_by_lane(want)
@@ -143,6 +149,7 @@ def test_compare_with_a_preset_equals_the_cli(compared, served, capsys):
     assert sid and compared["share_link"] == f"{served['url']}/?session={sid}"
 
 
+@slow
 def test_compare_with_own_lanes(client):
     lanes = [{"decoder": "greedy"}, {"decoder": "top_k", "knobs": {"k": 5}},
              {"decoder": "prompt_lookup", "knobs": {}}]
@@ -158,6 +165,7 @@ def test_compare_with_own_lanes(client):
     assert got["traces"][1]["output_ids"] == alone["output_ids"]
 
 
+@slow
 def test_session_returns_what_sessions_export_writes(client, compared, served, capsys):
     sid = compared["session_id"]
     got = client.predict(session_id=sid, api_name="/session")
@@ -168,12 +176,14 @@ def test_session_returns_what_sessions_export_writes(client, compared, served, c
     assert got["settings"]["preset"] == PRESET
 
 
+@slow
 def test_decoders_equals_list_decoders_json(client, capsys):
     assert client.predict(api_name="/decoders") == cli_json(capsys, "list-decoders", "--json")
     spec = client.predict(family="speculative", api_name="/decoders")
     assert spec and {d["family"] for d in spec} == {"speculative"}
 
 
+@slow
 def test_compare_stream_yields_snapshots_ending_with_the_compare_result(client, compared):
     job = client.submit(preset=PRESET, max_new_tokens=TOKENS, api_name="/compare_stream")
     job.result()
@@ -189,6 +199,7 @@ def test_compare_stream_yields_snapshots_ending_with_the_compare_result(client, 
 
 
 # ---------------------------------------------------------------------- errors and limits
+@slow
 def test_bad_knob_and_unknown_decoder_are_one_clear_line(client):
     import playground
     from playground.errors import PlaygroundError
@@ -210,6 +221,7 @@ def test_bad_knob_and_unknown_decoder_are_one_clear_line(client):
     assert app_error(client, session_id="not-an-id", api_name="/session") == "malformed session id"
 
 
+@slow
 def test_hosting_limits_apply(client, monkeypatch):
     monkeypatch.setenv("PLAYGROUND_MAX_NEW_TOKENS", "8")
     monkeypatch.setenv("PLAYGROUND_MAX_LANES", "3")
@@ -227,6 +239,7 @@ def test_hosting_limits_apply(client, monkeypatch):
         "loading path models is disabled on this instance (allowed: bundled)"
 
 
+@slow
 def test_replay_only_instance_refuses_models_but_serves_sessions(client, compared, monkeypatch):
     monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
     assert "model loading is disabled on this instance" in app_error(
@@ -235,3 +248,62 @@ def test_replay_only_instance_refuses_models_but_serves_sessions(client, compare
         client, preset=PRESET, max_new_tokens=4, api_name="/compare")
     got = client.predict(session_id=compared["session_id"], api_name="/session")
     assert ids_by_lane(got["runs"]) == ids_by_lane(compared["traces"])
+
+
+# ---------------------------------------------------------------------- reading a request (no server)
+def test_plan_from_a_preset_takes_its_settings_and_the_overrides():
+    from playground.api import plan_compare
+    from playground.presets import load_preset
+
+    p = load_preset(PRESET)
+    plan = plan_compare(PRESET)
+    assert (plan.model, plan.prompt, plan.seed, plan.max_new_tokens, plan.policy) == \
+        (p["model"], p["prompt"], p["seed"], p["max_new_tokens"], p.get("policy", "forwards"))
+    assert [r["decoder"] for r in plan.requests()] == [lane["decoder"] for lane in p["lanes"]]
+    assert plan.preset == PRESET and plan.title == p["title"]
+    plan = plan_compare(PRESET, model="m", prompt="P", seed="3", max_new_tokens=12.0, policy="free")
+    assert {(r["model"], r["prompt"], r["seed"], r["max_new_tokens"]) for r in plan.requests()} == {("m", "P", 3, 12)}
+    assert plan.policy == "free"
+
+
+def test_plan_reads_lanes_as_objects_json_text_or_names():
+    from playground.api import plan_compare
+
+    lanes = [{"decoder": "top_k", "knobs": {"k": 5}}, {"decoder": "speculative", "draft": "d", "model": "x"}]
+    a = plan_compare(lanes=lanes, prompt="hi")
+    assert a.requests() == plan_compare(lanes=json.dumps(lanes), prompt="hi").requests()
+    assert a.requests()[0]["params"] == {"k": 5} and a.requests()[1]["model"] == "x"
+    assert a.requests()[1]["draft"] == "d" and a.requests()[0]["model"] == "tiny-shakespeare"
+    assert [r["decoder"] for r in plan_compare(lanes=["greedy", "beam"], prompt="hi").requests()] == ["greedy", "beam"]
+    b = plan_compare(PRESET, lanes=["greedy"])  # lanes replace the preset's; the rest stays
+    assert [r["decoder"] for r in b.requests()] == ["greedy"] and b.prompt == plan_compare(PRESET).prompt
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "a comparison needs a preset or lanes"),
+    ({"lanes": [{"decoder": "greedy", "temp": 1}]}, "lane 1 has unknown field(s) 'temp'; use decoder, knobs, draft, model"),
+    ({"lanes": [{"decoder": "greedy", "knobs": {}, "params": {}}]}, "lane 1 gives both knobs and params; use knobs"),
+    ({"lanes": [{"knobs": {}}]}, "lane 1 needs a decoder name"),
+    ({"lanes": [{"decoder": "top_k", "knobs": [1]}]}, "lane 1 knobs must be a JSON object of knob values, got list"),
+    ({"lanes": "[1,"}, "lanes is not valid JSON"),
+    ({"lanes": ["greedy"], "policy": "fastest"}, "unknown lockstep policy 'fastest'"),
+    ({"lanes": ["greedy"], "max_new_tokens": 2.5}, "max_new_tokens must be a whole number, got 2.5"),
+    ({"lanes": ["greedy"], "seed": True}, "seed must be a whole number, got True"),
+])
+def test_plan_refuses_a_bad_request_with_one_line(kwargs, message):
+    from playground.api import plan_compare
+    from playground.errors import PlaygroundError
+
+    with pytest.raises(PlaygroundError) as e:
+        plan_compare(**kwargs)
+    assert str(e.value).startswith(message)
+
+
+def test_plan_applies_the_lane_limit(monkeypatch):
+    from playground.api import plan_compare
+    from playground.errors import PlaygroundError
+
+    monkeypatch.setenv("PLAYGROUND_MAX_LANES", "2")
+    assert len(plan_compare(lanes=["greedy", "greedy"]).lanes) == 2
+    with pytest.raises(PlaygroundError, match="3 lanes is over this instance's limit of 2"):
+        plan_compare(lanes=["greedy"] * 3)

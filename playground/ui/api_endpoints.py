@@ -176,9 +176,11 @@ def _comparison(preset: Any, lanes: Any, prompt: Any, model: Any, seed: Any, max
         plan = api.plan_compare(preset or None, lanes, model=model or None, prompt=prompt, seed=seed,
                                 max_new_tokens=max_new_tokens, policy=policy or None)
         traces: list[dict[str, Any]] = []
-        for final, traces in _race(plan, stream):
-            if not final:
-                yield {"traces": traces, "done": False, "session_id": None, "share_link": None}
+        # closing: a client that leaves mid-stream stops the lanes now, not at garbage collection
+        with contextlib.closing(_race(plan, stream)) as frames:
+            for final, traces in frames:
+                if not final:
+                    yield {"traces": traces, "done": False, "session_id": None, "share_link": None}
         sid = _save(plan, lanes not in (None, "", []), traces)
         link = _share_link(request, sid) if sid else None
         yield {"traces": traces, "done": True, "session_id": sid, "share_link": link}
