@@ -247,6 +247,12 @@ def test_early_exit_commits_everything_at_once(mlm):
 
 
 # ---------------------------------------------------------------------- self-speculative
+# Lossless diffusion decoders: equal, seed by seed, to the decoder they reproduce (so at any
+# temperature they draw exactly its distribution). test_speculative_dist.py checks this list
+# covers every lossless diffusion decoder.
+SEED_EXACT_DIFFUSION = {"freedave": ("llada", {})}
+
+
 @pytest.mark.parametrize("temperature,block", [(0.0, 0), (0.0, 4), (0.8, 8)])
 def test_freedave_equals_one_token_per_step(mlm, temperature, block):
     static = run(mlm, "llada", n=16, seed=3, temperature=temperature, block_length=block)
@@ -256,6 +262,22 @@ def test_freedave_equals_one_token_per_step(mlm, temperature, block):
     assert fd.stats["target_forwards"] <= static.stats["target_forwards"]
     if temperature == 0.0:
         assert fd.stats["target_forwards"] < static.stats["target_forwards"]
+
+
+@pytest.mark.parametrize("which", ["mlm", "bundled"])
+def test_freedave_samples_like_one_token_per_step_at_temperature_one(request, which):
+    """At temperature 1 the output is static decoding's for every seed, so both draw the
+    same distribution; drafts are accepted often enough for that to mean something."""
+    handle = request.getfixturevalue(which)
+    reference, knobs = SEED_EXACT_DIFFUSION["freedave"]
+    accepted = 0
+    for seed in range(8):
+        for block in (0, 4):
+            static = run(handle, reference, n=8, seed=seed, temperature=1.0, block_length=block, **knobs)
+            fd = run(handle, "freedave", n=8, seed=seed, temperature=1.0, block_length=block, draft_size=4)
+            assert fd.output_ids == static.output_ids, f"seed {seed}, block_length {block}"
+            accepted += sum(s.evidence["draft"]["accepted"] - 1 for s in fd.steps)
+    assert accepted > 0, "no draft beyond the first commit was accepted: the check would be vacuous"
 
 
 def test_freedave_on_bundled(bundled):

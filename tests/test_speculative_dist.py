@@ -1,44 +1,88 @@
-"""At temperature 1, ``speculative`` and ``spec_tree`` sample the target's own distribution.
+"""At temperature 1, every lossless speculative decoder that samples draws the target's own
+distribution.
 
-Over many fixed seeds, the 3-token continuations they produce are compared with the exact
-law of the target (computed by enumerating every continuation under the same sampling
-chain: top_k=4, so the support is small) by a chi-square test. Seeds are fixed, so the test
-is deterministic; a wrong acceptance or residual rule moves the law far beyond the
-threshold (see test_speculative.py for the exact, enumerated check of the rule itself).
+Over many fixed seeds, the short continuations a decoder produces are compared with the
+exact law of the target (computed by enumerating every continuation under the same sampling
+chain: temperature 1 with a small top-k, so the support is small) by a chi-square test.
+Seeds are fixed, so the test is deterministic; a wrong acceptance or residual rule moves the
+law far beyond the threshold (see test_speculative.py for the exact, enumerated check of the
+rule itself). Each case also checks that drafts were both accepted and rejected, so the
+verification rule really was exercised.
+
+Which decoders: every lossless causal decoder with a ``temperature`` knob, read from the
+registry. The lossless decoders without one (``greedy``, ``jacobi``, ``lookahead``) are
+greedy-only; they are covered by the exactness tests at temperature 0
+(test_speculative.py, test_speculative_bundled.py). ``freedave`` is checked seed by seed
+against the decoder it reproduces in test_diffusion.py.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
 
+from decoders.base import all_decoders
 from decoders.processors import History, build_chain
 from playground.engine import prepare
 from playground.models import handle_from_model
-from test_speculative import build_varied_llama
+from test_diffusion import SEED_EXACT_DIFFUSION
+from test_speculative import GREEDY_ONLY, LOSSLESS, build_varied_llama
 
-PROMPT = "JULIET: O Romeo, Romeo"
-N_TOKENS = 3
-CHAIN = {"temperature": 1.0, "top_k": 4}
+
+@dataclass(frozen=True)
+class Case:
+    """One decoder's setup: which models, which prompt, its knobs, how many runs."""
+
+    models: str  # "varied" (random target + noisy draft) or "bundled" (tiny Shakespeare)
+    prompt: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+    top_k: int = 4
+    tokens: int = 3
+    runs: int = 600
+
+
+VARIED_PROMPT = "JULIET: O Romeo, Romeo"
+# The trained target continues this repetition often, so lookups draft tokens it may accept.
+REPEATING = "[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter"
+CASES = {
+    "speculative": Case("varied", VARIED_PROMPT, {"gamma": 2}, runs=1500),
+    "spec_tree": Case("varied", VARIED_PROMPT, {"depth": 2, "topk": 2, "width": 2, "budget": 6}, runs=1500),
+    "layer_skip": Case("varied", VARIED_PROMPT, {"exit_layer": 1, "gamma": 2}),
+    "mask_probe": Case("varied", VARIED_PROMPT, {"probes": 2, "topk": 2, "budget": 6}),
+    "prompt_lookup": Case("bundled", REPEATING, {"num_draft": 3}, top_k=3),
+    "ngram_adaptive": Case("bundled", REPEATING, {"depth": 3}, top_k=3),
+    "token_recycling": Case("bundled", REPEATING, {"depth": 3}, top_k=3),
+}
+SAMPLING_LOSSLESS = sorted(c.name for c in all_decoders()
+                           if c.lossless and c.kind == "causal" and "temperature" in c.params)
 
 
 @pytest.fixture(scope="module")
-def models(tokenizer):
+def varied_models(tokenizer):
     target = handle_from_model(build_varied_llama(tokenizer, seed=2), tokenizer, name="t")
     draft = handle_from_model(build_varied_llama(tokenizer, seed=9, noise_from=target.model, noise=0.25),
                               tokenizer, name="d")
     return target, draft
 
 
-def exact_law(target, prompt_ids):
-    """P(continuation) for every 3-token continuation with non-zero probability."""
-    chain = build_chain(CHAIN)
+@pytest.fixture(scope="module")
+def bundled_models():
+    from playground.models import load_model
+
+    return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-draft", device="cpu")
+
+
+def exact_law(target, prompt_ids: list[int], chain_knobs: dict[str, Any], n_tokens: int) -> dict:
+    """P(continuation) for every ``n_tokens`` continuation with non-zero probability."""
+    chain = build_chain(chain_knobs)
     law: dict[tuple[int, ...], float] = {}
 
     def walk(prefix: list[int], prob: float) -> None:
-        if len(prefix) == N_TOKENS:
+        if len(prefix) == n_tokens:
             law[tuple(prefix)] = prob
             return
         ids = prompt_ids + prefix
@@ -71,27 +115,52 @@ def chi_square_p(counts: Counter, law: dict, n: int) -> float:
                                          torch.tensor(stat / 2.0, dtype=torch.float64)))
 
 
+def verified_and_accepted(trace) -> tuple[int, int]:
+    """Drafted tokens the target verified, and those it accepted, read from the draft trees."""
+    tried = accepted = 0
+    for step in trace.steps:
+        for node in step.evidence.get("tree", {}).get("nodes", []):
+            tried += node.get("accept_prob") is not None
+            accepted += bool(node.get("accepted"))
+    return tried, accepted
+
+
+def test_every_lossless_decoder_is_checked_at_temperature_one_or_is_greedy_only():
+    """The README's claim, kept true as decoders are added: a lossless decoder that can
+    sample has a case here; one that cannot is in the temperature-0 exactness tests."""
+    assert sorted(CASES) == SAMPLING_LOSSLESS
+    for cls in all_decoders():
+        if not cls.lossless or cls.name in CASES:
+            continue
+        if cls.kind == "diffusion":
+            # equal seed by seed to the decoder it reproduces, at temperature 1 too
+            assert cls.name in SEED_EXACT_DIFFUSION, f"{cls.name}: no temperature-1 test"
+        else:
+            assert "temperature" not in cls.params, f"{cls.name} can sample but has no temperature-1 test"
+            assert cls.name == "greedy" or cls.name in set(LOSSLESS) & GREEDY_ONLY, f"{cls.name}: no exactness test"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("decoder,knobs", [
-    ("speculative", {"gamma": 2}),
-    ("spec_tree", {"depth": 2, "topk": 2, "width": 2, "budget": 6}),
-])
-def test_samples_follow_target_distribution(models, decoder, knobs):
-    target, draft = models
-    n = 1500
+@pytest.mark.parametrize("decoder", sorted(CASES))
+def test_samples_follow_target_distribution(request, decoder):
+    case = CASES[decoder]
+    target, draft = request.getfixturevalue(f"{case.models}_models")
+    chain = {"temperature": 1.0, "top_k": case.top_k}
     counts: Counter = Counter()
-    accepted = tried = 0
+    tried = accepted = 0
     prompt_ids = None
-    for seed in range(n):
-        r = prepare(model=target, decoder=decoder, prompt=PROMPT, max_new_tokens=N_TOKENS, draft=draft,
-                    seed=seed, params={**CHAIN, **knobs})
+    for seed in range(case.runs):
+        r = prepare(model=target, decoder=decoder, prompt=case.prompt, max_new_tokens=case.tokens,
+                    draft=draft if decoder in ("speculative", "spec_tree") else None, seed=seed,
+                    params={**chain, **case.knobs})
         r.ctx.stop_ids = set()
         tr = r.finish()
         prompt_ids = tr.prompt_ids
         counts[tuple(tr.output_ids)] += 1
-        accepted += tr.stats["accepted_tokens"]
-        tried += tr.stats["verified_tokens"]
-    law = exact_law(target, prompt_ids)
-    assert 0.1 < accepted / max(tried, 1) < 0.95, "the draft must be rejected sometimes for the test to mean something"
-    p = chi_square_p(counts, law, n)
+        t, a = verified_and_accepted(tr)
+        tried, accepted = tried + t, accepted + a
+    assert 0.05 < accepted / max(tried, 1) < 0.95 and accepted >= 50, \
+        f"{decoder}: {accepted} of {tried} drafted tokens accepted; the rule must both accept and reject"
+    law = exact_law(target, prompt_ids, chain, case.tokens)
+    p = chi_square_p(counts, law, case.runs)
     assert p > 1e-3, f"{decoder}: chi-square p = {p:.2e}"
