@@ -4,7 +4,8 @@ Knob values are drawn from each decoder's own parameter spec (``decoders.base``:
 ``Int``, ``Bool``, ``Choice``, ``Text``), so a decoder added later is fuzzed with no new test.
 Prompts are awkward on purpose (one character, whitespace, non-ASCII, control characters,
 right at and just over the context limit) and the models are the bundled tiny Shakespeare
-ones and tiny random models built here.
+ones and tiny random Llama and GPT-2 models built here (GPT-2's learned positions fail loudly
+if anything is fed past the context).
 
 The property: a run either returns a valid trace — schema-valid, strict JSON (no NaN or
 inf anywhere, so a stored session and the browser can read it), every token id inside the
@@ -54,7 +55,7 @@ def fuzz_models(tokenizer) -> dict[str, dict[str, Any]]:
     """Each model set a decoder may run on: causal target + draft, and a diffusion model."""
     from test_diffusion import build_bert
 
-    from conftest import build_llama
+    from conftest import build_gpt2, build_llama
     from playground.models import handle_from_model, load_model
 
     bundled = {
@@ -68,7 +69,13 @@ def fuzz_models(tokenizer) -> dict[str, dict[str, Any]]:
                                    name="fuzz-llama-draft"),
         "diffusion": handle_from_model(build_bert(tokenizer), tokenizer, name="fuzz-bert"),
     }
-    return {"bundled": bundled, "tiny": tiny}
+    # GPT-2 has learned absolute positions: a draft or tree fed past the context would fail
+    gpt2 = {
+        "causal": handle_from_model(build_gpt2(tokenizer, seed=0), tokenizer, name="fuzz-gpt2"),
+        "draft": handle_from_model(build_gpt2(tokenizer, seed=1), tokenizer, name="fuzz-gpt2-draft"),
+        "diffusion": tiny["diffusion"],
+    }
+    return {"bundled": bundled, "tiny": tiny, "gpt2": gpt2}
 
 
 # ---------------------------------------------------------------------- strategies from specs
@@ -200,7 +207,7 @@ def check_run(models: dict[str, Any], decoder: str, knobs: dict[str, Any], promp
 
 
 def _fuzz_body(fuzz_models: dict[str, Any], decoder: str, data: st.DataObject) -> None:
-    which = data.draw(st.sampled_from(["bundled", "tiny"]), label="models")
+    which = data.draw(st.sampled_from(["bundled", "tiny", "gpt2"]), label="models")
     models = fuzz_models[which]
     n = data.draw(st.integers(1, MAX_NEW_TOKENS), label="max_new_tokens")
     kind, value = data.draw(PROMPTS, label="prompt")
