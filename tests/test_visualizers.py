@@ -676,6 +676,11 @@ def test_progress_lanes_numbered_from_one_with_end_labels():
     assert fig.data[0].line.dash == "solid" and fig.data[2].line.dash not in (None, "solid")
     assert "lanes 1 and 3 coincide" in fig.layout.title.subtitle.text
     assert "lane 2 3" in fig.layout.title.subtitle.text  # tokens at equal compute, by lane number
+    # the page shows this figure under a gr.Plot label, which covers the top-left corner
+    from visualizers._common import LABEL_CLEARANCE, top_margin
+
+    assert fig.layout.title.pad.t == LABEL_CLEARANCE
+    assert fig.layout.margin.t >= top_margin(fig.layout.title.subtitle.text.count("<br>") + 1, LABEL_CLEARANCE)
     html_ = V.divergence_html([a, b])
     assert "identical to lane 1" in html_ and 'data-lane="0"' in html_ and ">1: x<" in html_
 

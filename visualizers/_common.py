@@ -104,22 +104,34 @@ def split_title(title: str, subtitle: str = "") -> tuple[str, list[str]]:
     return first, wrap_parts(parts[k:] + (subtitle.split(" · ") if subtitle else []), SUBTITLE_CHARS)
 
 
-def top_margin(subtitle_lines: int) -> int:
-    """Top margin (px) that holds the title and ``subtitle_lines`` subtitle lines."""
+# A gr.Plot that shows its label draws it over the figure's top-left corner (and raises the
+# top margin to at least 100 px): a figure shown that way starts its title below the label.
+LABEL_CLEARANCE = 40
+
+
+def top_margin(subtitle_lines: int, pad: int = int(TITLE["pad"]["t"])) -> int:
+    """Top margin (px) that holds the title (``pad`` px from the top) and ``subtitle_lines``
+    subtitle lines."""
     sub = SUBTITLE_FIRST + SUBTITLE_LINE * (subtitle_lines - 1) if subtitle_lines > 0 else 0
-    return int(TITLE["pad"]["t"]) + TITLE_LINE + sub + TITLE_GAP
+    return pad + TITLE_LINE + sub + TITLE_GAP
 
 
-def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, subtitle: str = "", **more: Any) -> go.Figure:
+def base_layout(fig: go.Figure, title: str, height: int = HEIGHT, subtitle: str = "",
+                under_label: bool = False, **more: Any) -> go.Figure:
     """Apply the shared look (template ``playground``: transparent background, neutral ink,
     legend below the plot, title above it) and a title. ``title``/``subtitle`` must already
     be escaped (:func:`plot_text`); their " · "-separated parts are wrapped to the width of
-    a lane card, so nothing is cut off at the right edge."""
+    a lane card, so nothing is cut off at the right edge. ``under_label``: the page shows
+    the figure under a block label, so the title starts below it."""
     head, sub = split_title(title, subtitle)
     lay: dict[str, Any] = {"template": TEMPLATE, "title": {"text": head}}
+    pad = LABEL_CLEARANCE if under_label else int(TITLE["pad"]["t"])
+    if under_label:
+        lay["title"]["pad"] = {"t": pad}
     if sub:
         lay["title"]["subtitle"] = {"text": "<br>".join(sub), "font": {"size": 11, "color": INK}}
-        lay["margin"] = {"t": top_margin(len(sub))}
+    if sub or under_label:
+        lay["margin"] = {"t": top_margin(len(sub), pad)}
     if height != HEIGHT:
         lay["height"] = height
     if isinstance(more.get("margin"), dict):

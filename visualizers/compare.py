@@ -145,7 +145,8 @@ def progress_figure(traces: list[dict[str, Any]], x: str = "forwards") -> go.Fig
             at_f = [tokens_at(p, f) for p in finals]
             fig.add_vline(x=f, line={"color": INK, "width": 1, "dash": "dot"})
             sub = f"tokens at {f} forwards: " + ", ".join(f"lane {k + 1} {n}" for k, n in enumerate(at_f))
-    base_layout(fig, title, subtitle=" · ".join([sub] + notes) if sub or notes else "",
+    # the page shows this figure in a labelled gr.Plot, whose label covers the top-left corner
+    base_layout(fig, title, subtitle=" · ".join([sub] + notes) if sub or notes else "", under_label=True,
                 xaxis_title=axis, yaxis={"title": "tokens decided", "rangemode": "tozero"},
                 margin={"r": 48})  # room for the lane numbers at the lines' ends
     fig.update_xaxes(rangemode="tozero")

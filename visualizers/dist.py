@@ -107,7 +107,8 @@ def _short(s: str, n: int = 10) -> str:
 
 def _ymax(*series: list[float | None]) -> float:
     top = max((v for ser in series for v in ser if v is not None), default=1.0)
-    return min(1.0, top * 1.18) if top > 0 else 1.0
+    # above p = 1 when needed: the chosen marker and its label stay inside the plot area
+    return min(1.18, top * 1.18) if top > 0 else 1.0
 
 
 def timeline_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
