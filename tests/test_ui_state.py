@@ -11,18 +11,24 @@ from playground.ui import state as st
 
 
 def test_knob_widgets_follow_the_spec():
+    # numbers are number boxes with no bounds or precision (nothing clamps or rounds in the
+    # browser), the range in the help line
     assert st.knob_widget("p", {"type": "float", "default": 0.9, "min": 0.0, "max": 1.0, "help": "mass"}) == \
-        st.KnobWidget("slider", {"label": "p", "info": "mass", "minimum": 0.0, "maximum": 1.0, "step": 0.001, "value": 0.9})
+        st.KnobWidget("number", {"label": "p", "info": "mass · [0, 1]", "value": 0.9, "step": 0.001})
     w = st.knob_widget("k", {"type": "int", "default": 50, "min": 0, "max": 1000000, "help": ""})
-    assert w.widget == "number" and w.kwargs["precision"] == 0 and w.kwargs["maximum"] == 1000000
-    w = st.knob_widget("n", {"type": "int", "default": 4, "min": 1, "max": 64, "help": "beams"}, value=6)
-    assert w.widget == "slider" and w.kwargs["step"] == 1 and w.kwargs["value"] == 6
+    assert w.widget == "number" and w.kwargs["step"] == 1 and w.kwargs["info"] == "[0, 1000000]"
+    assert not {"minimum", "maximum", "precision"} & set(w.kwargs)
+    w = st.knob_widget("n", {"type": "int", "default": 4, "min": 1, "max": 64, "help": "beams"}, value=100)
+    assert w.kwargs["value"] == 100  # shown as held, even out of range (the page says why it is refused)
     w = st.knob_widget("t", {"type": "float", "default": 1.0, "min": 0.0, "max": math.inf, "help": ""})
-    assert w.widget == "number" and "maximum" not in w.kwargs
+    assert w.widget == "number" and w.kwargs["info"] == "[0, inf]"
+    assert st.knob_widget("t", {"type": "float", "default": 1.0, "min": 0, "max": 1, "help": ""}, "x").kwargs["value"] is None
     assert st.knob_widget("b", {"type": "bool", "default": True, "help": ""}).widget == "checkbox"
     w = st.knob_widget("c", {"type": "choice", "default": "a", "choices": ["a", "b"], "help": "pick"})
     assert w.widget == "dropdown" and w.kwargs["choices"] == ["a", "b"] and w.kwargs["info"] == "pick"
     assert st.knob_widget("s", {"type": "str", "default": "x,y", "help": ""}).widget == "textbox"
+    assert st.knob_info({"type": "int", "min": 1, "max": 32}, error="knob 'gamma'=100 is out of range [1, 32]") \
+        == "⚠ knob 'gamma'=100 is out of range [1, 32]"
 
 
 def test_every_registered_knob_maps_to_a_widget():
@@ -283,8 +289,18 @@ def test_scrubber_aligns_lanes_by_step_or_by_token_position():
     assert st.position_of_step([0, 2, 2], 1) == 0
 
 
-def test_focus_shows_one_lane_or_all():
-    assert st.inspector_shown(3, 0) == [True, True, True]
-    assert st.inspector_shown(3, 2) == [False, True, False]
-    assert st.inspector_shown(3, 5) == [True, True, True]
+def test_focus_picks_all_lanes_or_one():
     assert st.focus_choices(2) == [("all lanes", 0), ("Lane 1 only", 1), ("Lane 2 only", 2)]
+
+
+def test_the_budget_of_a_loaded_model_is_enforced_without_loading_anything(llama_handle):
+    st.remember_model("budget-test-llama", llama_handle)
+    b = st.page_budget("budget-test-llama", "ROMEO:")
+    assert b["context"] == llama_handle.context_length and b["prompt_tokens"] == len(llama_handle.encode("ROMEO:"))
+    left = b["context"] - b["prompt_tokens"]
+    assert st.check_page("budget-test-llama", "ROMEO:", 0, min(left, 64), [st.LaneConfig()])[1] == min(left, 64)
+    if left + 1 <= 1024:  # under the hosting limit, so the budget is what refuses it
+        with pytest.raises(PlaygroundError, match=f"over the budget of {left}"):
+            st.check_page("budget-test-llama", "ROMEO:", 0, left + 1, [st.LaneConfig()])
+    assert st.loaded_kind("budget-test-llama") == llama_handle.kind
+    assert st.page_budget("never-loaded", "ROMEO:") is None

@@ -39,37 +39,62 @@ class LaneConfigHandlers(PageLayout):
                 gr.Markdown("*no knobs*" if spec else "", elem_classes=["lane-info"])
                 return
             params = spec["params"]
+            errors = st.knob_errors(decoder, knobs)
             with gr.Column(elem_id=f"lane-{k}-knobs"):
                 for name, p in params.items():
                     w = st.knob_widget(name, p, (knobs or {}).get(name))
-                    comp = _WIDGETS[w.widget](**w.kwargs, elem_id=f"lane-{k}-knob-{name}",
+                    kwargs = {**w.kwargs, "info": st.knob_info(p, errors.get(name)) or None}
+                    comp = _WIDGETS[w.widget](**kwargs, elem_id=f"lane-{k}-knob-{name}",
                                               key=f"lane-{k}-{decoder}-{name}", interactive=True)
                     # .input (user edits only): a freshly rendered control reports nothing, so
                     # a re-render never races its predecessor's events.
-                    comp.input(partial(_set_knob, name), inputs=[comp, ui.knobs, ui.decoder],
-                               outputs=[ui.knobs, ui.info], show_progress="hidden", trigger_mode="always_last")
+                    comp.input(partial(_set_knob, name, p), inputs=[comp, ui.knobs, ui.decoder],
+                               outputs=[ui.knobs, ui.info, comp], show_progress="hidden",
+                               trigger_mode="always_last")
 
     # ================================================================== events
     def wire_config(self, demo: gr.Blocks) -> None:
         """Attach the configuration events (preset, model, lane count, decoder picks)."""
+        from playground.hosting import model_event_settings
+
         self.preset.input(self.on_preset, [self.preset], self.lane_config_outputs() + [self.status])
-        self.model.change(self.on_model, [self.model, self.model_path], [self.model_status],
-                          show_progress="minimal")
-        self.model_path.submit(self.on_model, [self.model, self.model_path], [self.model_status],
-                               show_progress="minimal")
-        self.add_btn.click(self.on_add, [self.lane_count], [self.lane_count] + [u.column for u in self.lanes],
-                           queue=False)
-        self.remove_btn.click(self.on_remove, [self.lane_count], [self.lane_count] + [u.column for u in self.lanes],
-                              queue=False)
+        # Model work shares one concurrency group (loading a model races nothing else).
+        self.model.change(self.on_model, [self.model, self.model_path, self.prompt, self.max_new],
+                          [self.model_status, self.max_new],
+                          show_progress="minimal", **model_event_settings())
+        self.model_path.submit(self.on_model, [self.model, self.model_path, self.prompt, self.max_new],
+                               [self.model_status, self.max_new],
+                               show_progress="minimal", **model_event_settings())
+        lane_setup = [c for ui in self.lanes for c in (ui.decoder, ui.knobs, ui.nonce, ui.info, ui.draft, ui.model)]
+        count_outputs = [self.lane_count, self.add_btn, self.remove_btn, self.status] + [u.column for u in self.lanes]
+        # Queued (not queue=False): only a queued event's reply carries the changed states, so
+        # only then does a nonce bump reach the knob render.
+        self.add_btn.click(self.on_add, [self.lane_count, self.model, self.model_path],
+                           count_outputs + lane_setup, show_progress="hidden")
+        self.remove_btn.click(self.on_remove, [self.lane_count], count_outputs, show_progress="hidden")
         for ui in self.lanes:
-            ui.decoder.input(self.on_decoder, [ui.decoder, self.model, ui.model],
-                             [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model], queue=False)
+            ui.decoder.input(self.on_decoder, [ui.decoder, self.model, ui.model, ui.draft],
+                             [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model], show_progress="hidden")
+        # The inspector's alignment and focus controls are wired here, the page's one hook
+        # for setup events that run_session and inspector do not own.
+        from playground.ui.align import wire_align
+
+        wire_align(self, demo)
+        budget_inputs = [self.model, self.model_path, self.prompt, self.max_new]
+        self.prompt.change(self.on_budget, budget_inputs, [self.max_new], show_progress="hidden",
+                           trigger_mode="always_last")
+        self.max_new.change(self.on_budget, budget_inputs, [self.max_new], show_progress="hidden",
+                            trigger_mode="always_last")
 
     def wire_load(self, demo: gr.Blocks) -> None:
         """Attach the page-load events: the default page (or a shared session) and model status."""
+        from playground.hosting import model_event_settings
+
         demo.load(self.on_load, None, self.page_outputs(), show_progress="hidden")
         # Warm the model cache as soon as the page opens, so the first Run starts at once.
-        demo.load(self.on_model, [self.model, self.model_path], [self.model_status], show_progress="minimal")
+        demo.load(self.on_model, [self.model, self.model_path, self.prompt, self.max_new],
+                  [self.model_status, self.max_new], show_progress="minimal",
+                  **model_event_settings())
 
     # ================================================================== update builders
     def config_updates(self, page: dict[str, Any], preset: str | None = None) -> dict[Any, Any]:
@@ -99,7 +124,13 @@ class LaneConfigHandlers(PageLayout):
                 })
             else:
                 up[ui.column] = gr.update(visible=False)
+        up.update(self.count_buttons(n))
         return up
+
+    def count_buttons(self, n: int) -> dict[Any, Any]:
+        """"+ Lane" and "− Lane" enabled only where they can do something at ``n`` lanes."""
+        can_add, can_remove = st.lane_buttons(n, self.max_lanes)
+        return {self.add_btn: gr.update(interactive=can_add), self.remove_btn: gr.update(interactive=can_remove)}
 
     # ================================================================== handlers
     def on_preset(self, name: str) -> dict[Any, Any]:
@@ -119,39 +150,87 @@ class LaneConfigHandlers(PageLayout):
         up[self.status] = status_html(msg)
         return up
 
-    def on_model(self, model: str, path: str) -> str:
-        """Load (or find in the cache) the picked model, showing what it is."""
+    def on_model(self, model: str, path: str, prompt: str = "", max_new: Any = None) -> dict[Any, Any]:
+        """Load (or find in the cache) the picked model, showing what it is and the new-token
+        budget its context leaves after the prompt."""
         from playground.settings import limits
 
         spec = (path or "").strip() or (model or "").strip()
         if not spec:
-            return ""
+            return {self.model_status: "", self.max_new: gr.update(info=None)}
         if limits().no_models:
-            return status_html("Replay-only instance: models are not loaded here; shared sessions still open.", "info")
+            return {self.model_status: status_html("Replay-only instance: models are not loaded here; shared "
+                                                   "sessions still open.", "info")}
         try:
             handle = _load(spec)
         except PlaygroundError as e:
             gr.Warning(str(e))
-            return status_html(str(e), "error")
+            return {self.model_status: status_html(str(e), "error"), self.max_new: gr.update(info=None)}
+        st.remember_model(spec, handle)
         nparams = sum(p.numel() for p in handle.model.parameters())
-        return status_html(f"✓ {handle.name} · {handle.kind} · {human(nparams)} parameters · "
-                           f"context {handle.context_length} tokens", "ok")
+        return {self.model_status: status_html(f"✓ {handle.name} · {handle.kind} · {human(nparams)} parameters · "
+                                               f"context {handle.context_length} tokens", "ok"),
+                **self.on_budget(model, path, prompt, max_new)}
 
-    def on_add(self, n: int) -> list[Any]:
-        """Show one more lane."""
-        n = min(int(n or 0) + 1, self.max_lanes)
-        return [n] + [gr.update(visible=j < n) for j in range(self.max_lanes)]
+    def on_budget(self, model: str, path: str, prompt: str, max_new: Any) -> dict[Any, Any]:
+        """Show under max new tokens what the model's context leaves after the prompt (and
+        say so when the value is over it); nothing when the model is not loaded yet."""
+        spec = (path or "").strip() or (model or "").strip()
+        b = st.page_budget(spec, prompt or "")
+        if b is None:
+            return {self.max_new: gr.update(info=None)}
+        from playground.settings import limits
 
-    def on_remove(self, n: int) -> list[Any]:
-        """Hide the last lane (at least two stay)."""
-        n = max(int(n or 0) - 1, 1)
-        return [n] + [gr.update(visible=j < n) for j in range(self.max_lanes)]
+        lim = limits().max_new_tokens
+        note = st.budget_note(b["model"], b["context"], b["prompt_tokens"], lim)
+        try:
+            st.check_budget(int(float(max_new)), b["model"], b["context"], b["prompt_tokens"], lim)
+        except PlaygroundError as e:
+            note = f"⚠ {e}"
+        except (TypeError, ValueError):
+            pass  # not a number: the Run check says so
+        return {self.max_new: gr.update(info=note)}
 
-    def on_decoder(self, decoder: str, page_model: str, lane_model: str) -> list[Any]:
-        """A lane's decoder was picked: its default knobs, draft picker and lane model."""
+    def on_add(self, n: int, model: str = "", path: str = "") -> dict[Any, Any]:
+        """Show one more lane, set up with a decoder the page's model can run; at the limit,
+        say so."""
+        n0 = int(n or 0)
+        n, note = st.add_lane(n0, self.max_lanes)
+        up: dict[Any, Any] = {self.lane_count: n, **self.count_buttons(n)}
+        up.update({ui.column: gr.update(visible=j < n) for j, ui in enumerate(self.lanes)})
+        if note:
+            gr.Info(note)
+            up[self.status] = status_html(note)
+            return up
+        spec = (path or "").strip() or (model or "").strip()
+        cfg = st.new_lane(spec, page_kind=st.loaded_kind(spec))
+        ui = self.lanes[n - 1]
+        up.update({ui.decoder: gr.update(value=cfg.decoder), ui.knobs: dict(cfg.params), ui.nonce: time.time_ns(),
+                   ui.info: st.decoder_info_md(cfg.decoder, cfg.params), ui.model: st.SAME_MODEL,
+                   ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
+                   ui.output: empty_output(ui.k), self.status: status_html(f"Lane {n} added ({cfg.decoder}).")})
+        return up
+
+    def on_remove(self, n: int) -> dict[Any, Any]:
+        """Hide the last lane; at the limit (two lanes), say so."""
+        n, note = st.remove_lane(int(n or 0))
+        up: dict[Any, Any] = {self.lane_count: n, **self.count_buttons(n)}
+        up.update({ui.column: gr.update(visible=j < n) for j, ui in enumerate(self.lanes)})
+        if note:
+            gr.Info(note)
+            up[self.status] = status_html(note)
+        return up
+
+    def on_decoder(self, decoder: str, page_model: str, lane_model: str, draft: str | None = None) -> list[Any]:
+        """A lane's decoder was picked: its default knobs (and a new nonce, which re-renders
+        the knob controls for this decoder), the draft picker and the lane model."""
         lm = st.lane_model_for(decoder, page_model, None if lane_model == st.SAME_MODEL else lane_model)
-        return [st.default_knobs(decoder), time.time_ns(), gr.update(visible=st.needs_draft(decoder)),
-                st.decoder_info_md(decoder), lm or st.SAME_MODEL]
+        knobs = st.default_knobs(decoder)
+        need = st.needs_draft(decoder)
+        # A cleared draft box stays cleared (the Run refuses it); a fresh pick offers the bundled draft.
+        draft_up = gr.update(visible=need, value=draft if draft not in (None, "") else st.DEFAULT_DRAFT) if need \
+            else gr.update(visible=False)
+        return [knobs, time.time_ns(), draft_up, st.decoder_info_md(decoder, knobs), lm or st.SAME_MODEL]
 
     def on_load(self, request: gr.Request) -> dict[Any, Any]:
         """Page load: replay ``?session=<id>`` if given, else show the default preset."""
@@ -211,9 +290,13 @@ class LaneConfigHandlers(PageLayout):
         return up
 
 
-def _set_knob(name: str, value: Any, knobs: dict[str, Any] | None, decoder: str) -> tuple[dict[str, Any], str]:
+def _set_knob(name: str, spec: dict[str, Any], value: Any, knobs: dict[str, Any] | None,
+              decoder: str) -> tuple[dict[str, Any], str, Any]:
+    """A knob control was edited: hold exactly what it shows, and say next to it when the
+    run would refuse that value (its help line turns into the one-line reason)."""
     new = {**(knobs or {}), name: value}
-    return new, st.decoder_info_md(decoder, new)
+    err = st.knob_error(decoder, name, value) if st.decoder_spec(decoder) else None
+    return new, st.decoder_info_md(decoder, new), gr.update(info=st.knob_info(spec, err) or None)
 
 
 _WIDGETS: dict[str, Callable[..., Any]] = {

@@ -117,8 +117,17 @@ class PageLayout:
                                          placeholder="run a comparison, then press Share")
 
         gr.Markdown("## Inspector", elem_classes=["section-title"])
-        self.step = gr.Slider(0, 1, value=0, step=1, label="Step (shared by all lanes — click a token to jump)",
-                              elem_id="step", interactive=True)
+        with gr.Row(elem_id="scrub-row", equal_height=True):
+            self.step = gr.Slider(0, 1, value=0, step=1, label="Step (shared by all lanes — click a token to jump)",
+                                  elem_id="step", interactive=True, scale=5)
+            # Lane alignment and focus: playground/ui/align.py.
+            self.position = gr.Slider(0, 1, value=0, step=1, visible=False, interactive=True, scale=5,
+                                      label="Token position (each lane shows the step that produced it)",
+                                      elem_id="position")
+            self.align = gr.Radio(st.ALIGN_CHOICES, value="step", label="Align lanes", elem_id="align",
+                                  scale=2, min_width=200)
+            self.focus = gr.Dropdown(st.focus_choices(self.max_lanes), value=0, label="Inspect",
+                                     elem_id="focus", scale=1, min_width=150)
         with gr.Row(equal_height=False, elem_id="compare-strip"):
             self.progress_plot = gr.Plot(label="Progress at equal compute", elem_id="progress-plot", scale=3)
             self.divergence = gr.HTML("", elem_id="divergence", elem_classes=["divergence"])
@@ -174,7 +183,8 @@ class PageLayout:
     def lane_config_outputs(self) -> list[Any]:
         """Everything that shows a lane configuration (apply a preset or a stored session)."""
         out: list[Any] = [self.model, self.model_path, self.prompt, self.seed, self.max_new, self.policy,
-                          self.metric, self.lane_count, self.preset_state, self.preset_info]
+                          self.metric, self.lane_count, self.preset_state, self.preset_info, self.add_btn,
+                          self.remove_btn]
         for ui in self.lanes:
             out += [ui.column, ui.decoder, ui.model, ui.draft, ui.info, ui.knobs, ui.nonce]
         return out

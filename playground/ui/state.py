@@ -8,6 +8,8 @@ a trace) are unit-tested without a browser.
 from __future__ import annotations
 
 import math
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,33 +102,42 @@ class KnobWidget:
 
 
 def knob_widget(name: str, spec: dict[str, Any], value: Any = None) -> KnobWidget:
-    """Map one knob's spec (type, default, min/max/choices, help) to a control."""
+    """Map one knob's spec (type, default, min/max/choices, help) to a control.
+
+    Numbers are plain number boxes with the range in their help line, and no minimum,
+    maximum or precision: Gradio's slider clamps a typed value when the box loses focus and
+    its number box rounds or raises on its own, so the value shown would not be the value
+    sent. The page checks what was typed (:func:`check_knobs`) and says why it is refused.
+    """
     typ = spec.get("type")
     val = spec.get("default") if value is None else value
-    common = {"label": name, "info": spec.get("help") or None}
-    lo, hi = spec.get("min"), spec.get("max")
-    finite = isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and math.isfinite(lo) and math.isfinite(hi)
+    info = knob_info(spec)
+    common = {"label": name, "info": info or None}
     if typ == "bool":
         return KnobWidget("checkbox", {**common, "value": bool(val)})
     if typ == "choice":
         return KnobWidget("dropdown", {**common, "choices": list(spec.get("choices") or []), "value": val})
-    if typ == "int":
-        if finite and hi - lo <= 4096:
-            return KnobWidget("slider", {**common, "minimum": lo, "maximum": hi, "step": 1, "value": int(val)})
-        return KnobWidget("number", {**common, "precision": 0, "value": int(val),
-                                     **({"minimum": lo} if isinstance(lo, (int, float)) and math.isfinite(lo) else {}),
-                                     **({"maximum": hi} if isinstance(hi, (int, float)) and math.isfinite(hi) else {})})
-    if typ == "float":
-        if finite and hi - lo <= 1000:
-            step = _float_step(lo, hi)
-            return KnobWidget("slider", {**common, "minimum": lo, "maximum": hi, "step": step, "value": float(val)})
-        return KnobWidget("number", {**common, "value": float(val),
-                                     **({"minimum": lo} if isinstance(lo, (int, float)) and math.isfinite(lo) else {}),
-                                     **({"maximum": hi} if isinstance(hi, (int, float)) and math.isfinite(hi) else {})})
+    if typ in ("int", "float"):
+        shown = val if isinstance(val, (int, float)) and not isinstance(val, bool) else None
+        step = 1 if typ == "int" else _float_step(spec.get("min"), spec.get("max"))
+        return KnobWidget("number", {**common, "value": shown, "step": step})
     return KnobWidget("textbox", {**common, "value": "" if val is None else str(val)})
 
 
-def _float_step(lo: float, hi: float) -> float:
+def knob_info(spec: dict[str, Any], error: str | None = None) -> str:
+    """A knob control's help line: its help text and range, or the refusal of its value."""
+    if error:
+        return f"⚠ {error}"
+    help_ = str(spec.get("help") or "")
+    if spec.get("type") in ("int", "float"):
+        rng = knob_range(spec)
+        return f"{help_} · {rng}" if help_ else rng
+    return help_
+
+
+def _float_step(lo: Any, hi: Any) -> float:
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi)):
+        return 0.01
     span = hi - lo
     if span <= 0.01:
         return 1e-5
@@ -349,8 +360,9 @@ def check_lane(cfg: LaneConfig, lane: int | None = None) -> LaneConfig:
     if draft == NO_DRAFT:
         draft = None
     if needs_draft(cfg.decoder) and draft is None:
-        where = f"lane {lane} ({cfg.decoder}): " if lane is not None else f"{cfg.decoder}: "
-        raise PlaygroundError(where + "pick a draft model — this decoder needs one")
+        if lane is not None:
+            raise PlaygroundError(f"lane {lane} ({cfg.decoder}): pick a draft model — this decoder needs one")
+        raise PlaygroundError(f"pick a draft model — {cfg.decoder} needs one")
     return LaneConfig(decoder=cfg.decoder, params=params, draft=draft if needs_draft(cfg.decoder) else None,
                       model=cfg.model)
 
@@ -409,13 +421,50 @@ def check_budget(max_new_tokens: int, model: str, context_length: int, prompt_to
                               f"{context_length}-token context and the prompt takes {prompt_tokens}")
 
 
+# What the page learnt about each model it loaded (under the name the page used), so the
+# budget under max new tokens and the Run's check need no load of their own. A weak
+# reference: an evicted model is not kept alive here; its budget is then unknown and the
+# engine checks each lane as before.
+_MODELS: "OrderedDict[str, tuple[weakref.ref, str]]" = OrderedDict()
+_MODELS_MAX = 32
+
+
+def remember_model(spec: str, handle: Any) -> None:
+    """Note a loaded model (a ``ModelHandle``) under the name the page used for it."""
+    _MODELS[spec] = (weakref.ref(handle), str(getattr(handle, "kind", "") or ""))
+    _MODELS.move_to_end(spec)
+    while len(_MODELS) > _MODELS_MAX:
+        _MODELS.popitem(last=False)
+
+
+def loaded_kind(spec: str) -> str | None:
+    """``causal``/``diffusion`` of a model the page loaded or knows by name, else None."""
+    hit = _MODELS.get(spec)
+    return (hit[1] if hit else None) or model_kind(spec)
+
+
+def page_budget(spec: str, prompt: str) -> dict[str, Any] | None:
+    """``{"model", "prompt", "context", "prompt_tokens"}`` of a loaded model for ``prompt``;
+    None when the model is not loaded (any more) or the prompt does not tokenise."""
+    hit = _MODELS.get(spec)
+    handle = hit[0]() if hit else None
+    if handle is None or not (prompt or "").strip():
+        return None
+    try:
+        n = len(handle.encode(prompt))
+    except Exception:  # noqa: BLE001 - no budget then; the engine reports a bad prompt itself
+        return None
+    return {"model": spec, "prompt": prompt, "context": int(handle.context_length), "prompt_tokens": n}
+
+
 def check_page(model: str, prompt: str, seed: Any, max_new_tokens: Any, lanes: list[LaneConfig],
                budget: dict[str, Any] | None = None) -> tuple[int, int]:
     """Page-level checks before anything loads; returns (seed, max_new_tokens) as ints.
 
     ``budget`` (``{"model", "prompt", "context", "prompt_tokens"}``, what the page learnt
     when the model loaded or the prompt changed) refuses a max new tokens the model's context
-    cannot hold; a budget for another model or prompt is ignored (the engine checks again). Lanes are
+    cannot hold; a budget for another model or prompt is ignored (the engine checks again).
+    Without one, the budget of the page's model if it has been loaded (:func:`page_budget`). Lanes are
     checked separately with :func:`check_lanes`.
     """
     from playground.settings import limits
@@ -439,6 +488,8 @@ def check_page(model: str, prompt: str, seed: Any, max_new_tokens: Any, lanes: l
         raise PlaygroundError(f"max new tokens must be a positive integer, got {max_new_tokens!r}")
     if mnt > lim.max_new_tokens:
         raise PlaygroundError(f"max new tokens {int(mnt)} is over this instance's limit of {lim.max_new_tokens}")
+    if budget is None:
+        budget = page_budget(model, prompt)
     if budget and budget.get("model") == model and budget.get("prompt") == prompt and budget.get("context"):
         check_budget(int(mnt), model, int(budget["context"]), int(budget.get("prompt_tokens") or 0))
     if not lanes:
@@ -572,16 +623,8 @@ def position_of_step(position_steps: list[int], step: int) -> int:
     return best
 
 
-def inspector_shown(n_lanes: int, focus: int | None) -> list[bool]:
-    """Which lanes' inspector columns show: all ``n_lanes``, or only lane ``focus`` (1-based)."""
-    f = int(focus or 0)
-    if not 1 <= f <= n_lanes:
-        return [True] * n_lanes
-    return [j + 1 == f for j in range(n_lanes)]
-
-
 def focus_choices(n_lanes: int) -> list[tuple[str, int]]:
-    """The focus picker: every lane side by side, or one lane at full width."""
+    """The inspector's focus picker: every lane side by side, or one lane at full width."""
     return [("all lanes", 0)] + [(f"Lane {k} only", k) for k in range(1, n_lanes + 1)]
 
 

@@ -1,0 +1,142 @@
+"""How the inspector lines lanes up: by step (the shared step scrubber) or by token position,
+and which lanes it shows (all, or one in focus).
+
+Lanes take steps of different sizes (a speculative step commits several tokens, a diffusion
+step fills positions anywhere), so "step 27" is a different token in each lane. Under
+"by token position" a second scrubber picks an output position and each lane's inspector
+shows the step that produced its token there (:func:`state.aligned_steps`). Focus is
+client-side only: the other lanes' inspector columns are hidden, so the focused lane gets
+the width, and nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+import visualizers
+from playground.ui import state as st
+from playground.ui.inspector import insp_header, slot_updates
+from playground.ui.layout import PageLayout
+
+# Hide every inspector column but the focused one (0: show all); plots re-fit on resize.
+FOCUS_JS = """
+(f) => {
+  const v = Number(f) || 0;
+  if (!document.getElementById('pg-focus-style')) {
+    const s = document.createElement('style');
+    s.id = 'pg-focus-style';
+    s.textContent = '#inspector .pg-unfocused { display: none !important; }';
+    document.head.appendChild(s);
+  }
+  document.querySelectorAll('#inspector .inspect-col').forEach((e) => {
+    const k = Number(e.id.replace('inspect-', ''));
+    e.classList.toggle('pg-unfocused', v > 0 && k !== v);
+  });
+  setTimeout(() => window.dispatchEvent(new Event('resize')), 50);
+  return [];
+}
+"""
+
+# Under position alignment, outline the token at that position in every lane.
+POSITION_HIGHLIGHT_JS = """
+(p) => {
+  const v = Math.trunc(Number(p));
+  document.querySelectorAll('.tok.cur-step').forEach((e) => e.classList.remove('cur-step'));
+  if (Number.isFinite(v)) {
+    document.querySelectorAll('.tok-output').forEach((o) => {
+      const t = o.querySelectorAll('.tok')[v];
+      if (t) t.classList.add('cur-step');
+    });
+  }
+  return [];
+}
+"""
+
+
+def position_steps(trace: dict[str, Any]) -> list[int]:
+    """The step that produced each output position of a lane (diffusion: the step that
+    committed it; a position still masked counts at the last step shown)."""
+    from visualizers.canvas import denoise_steps
+    from visualizers.tokens import canvas_records, token_records
+
+    try:
+        recs = canvas_records(trace) if denoise_steps(trace) else token_records(trace)
+    except Exception:  # noqa: BLE001 - odd evidence: this lane simply has no positions to align
+        return []
+    return [int(r.step) for r in recs]
+
+
+def wire_align(page: PageLayout, demo: gr.Blocks) -> None:
+    """Attach the alignment switch, the position scrubber and the focus picker of ``page``."""
+    outs = _outputs(page)
+    page.align.input(lambda mode, traces: on_align(page, mode, traces), [page.align, page.traces],
+                     outs + [page.step, page.position], show_progress="hidden")
+    page.position.input(lambda pos, traces: on_position(page, pos, traces), [page.position, page.traces],
+                        outs, show_progress="hidden", trigger_mode="always_last")
+    page.position.change(None, [page.position], None, js=POSITION_HIGHLIGHT_JS)
+    # A finished run (or an opened session) fills the traces: the position scrubber's range follows.
+    page.traces.change(lambda traces: position_range(page, traces), [page.traces], [page.position],
+                       show_progress="hidden")
+    # A token click jumps the step scrubber (InspectorHandlers.on_token) and draws every lane at
+    # that step, so the page shows step alignment again.
+    for ui in page.lanes:
+        ui.output.click(lambda mode: back_to_steps(page, mode), [page.align],
+                        [page.align, page.step, page.position], show_progress="hidden")
+    page.focus.change(None, [page.focus], None, js=FOCUS_JS)
+
+
+def _outputs(page: PageLayout) -> list[Any]:
+    out: list[Any] = []
+    for ui in page.lanes:
+        out += [ui.insp_header, ui.step_html, *ui.step_plots]
+    return out
+
+
+def position_range(page: PageLayout, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
+    """The position scrubber's range for ``traces`` (at the last position)."""
+    top = st.scrub_top("position", [], [position_steps(t) for t in traces or []])
+    return {page.position: gr.update(minimum=0, maximum=max(top - 1, 1), value=max(top - 1, 0))}
+
+
+def on_align(page: PageLayout, mode: str, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
+    """Switch between step and token-position alignment, redrawing every lane at the last
+    step / position."""
+    traces = list(traces or [])
+    by_pos = mode == "position"
+    up: dict[Any, Any] = {page.step: gr.update(visible=not by_pos), page.position: gr.update(visible=by_pos)}
+    if by_pos:
+        rng = position_range(page, traces)[page.position]
+        up[page.position] = gr.update(visible=True, **{k: v for k, v in rng.items() if k != "__type__"})
+        up.update(aligned_updates(page, traces, int(rng.get("value") or 0), "position"))
+    else:
+        top = max((visualizers.step_count(t) for t in traces), default=0)
+        up.update(aligned_updates(page, traces, max(top - 1, 0), "step"))
+    return up
+
+
+def on_position(page: PageLayout, pos: float, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
+    """The position scrubber moved: each lane shows the step that produced its token there."""
+    return aligned_updates(page, list(traces or []), int(pos or 0), "position")
+
+
+def back_to_steps(page: PageLayout, mode: str) -> dict[Any, Any]:
+    """After a token click under position alignment, show the step scrubber it moved."""
+    if mode != "position":
+        return {}
+    return {page.align: "step", page.step: gr.update(visible=True), page.position: gr.update(visible=False)}
+
+
+def aligned_updates(page: PageLayout, traces: list[dict[str, Any]], value: int, mode: str) -> dict[Any, Any]:
+    """Every lane's inspector header and step plots at scrubber ``value`` under ``mode``."""
+    counts = [visualizers.step_count(t) for t in traces]
+    steps = st.aligned_steps(value, mode, counts, [position_steps(t) for t in traces] if mode == "position" else [])
+    up: dict[Any, Any] = {}
+    for j, ui in enumerate(page.lanes[: len(traces)]):
+        header = insp_header(ui.k, traces[j], steps[j], counts[j])
+        if mode == "position":
+            header = header.replace('<span class="insp-where">', f'<span class="insp-where">token {value} · ', 1)
+        up[ui.insp_header] = header
+        up.update(slot_updates(ui.step_html, ui.step_plots, visualizers.step_figures(traces[j], steps[j])))
+    return up
