@@ -20,6 +20,7 @@ from playground.ui.html import empty_output, status_html
 STEP_SLOTS = 3  # most figures step_figures returns for one step kind
 RUN_SLOTS = 4  # most figures run_figures returns for one trace
 
+# Clicking a token jumps the inspector to its step; the output box follows the newest token.
 TOKEN_CLICK_JS = """
 element.addEventListener('click', (ev) => {
   const t = ev.target.closest('.tok[data-step]');
@@ -28,6 +29,22 @@ element.addEventListener('click', (ev) => {
   if (Number.isNaN(step)) return;
   trigger('click', {step: step, lane: parseInt(t.dataset.lane || '0', 10)});
 });
+""" + """
+// Follow the newest token unless the reader scrolled up. Every update replaces the output's
+// HTML (and with it the scrolling box), so the position is kept here and restored.
+const follow = {on: true, top: 0};
+element.addEventListener('scroll', (ev) => {
+  const b = ev.target;
+  if (!b.classList || !b.classList.contains('tok-output')) return;
+  follow.on = b.scrollHeight - b.scrollTop - b.clientHeight < 24;
+  follow.top = b.scrollTop;
+}, true);
+new MutationObserver(() => {
+  const b = element.querySelector('.tok-output');
+  if (!b) return;
+  if (b.querySelector('.tok-empty')) { follow.on = true; follow.top = 0; }
+  b.scrollTop = follow.on ? b.scrollHeight : follow.top;
+}).observe(element, {childList: true, subtree: true});
 """
 
 

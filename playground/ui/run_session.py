@@ -137,8 +137,10 @@ class RunSession(PageLayout):
                 if now - last_status >= 0.5 or not up:
                     last_status = now
                     running = sum(1 for t in traces if not t.get("done"))
-                    up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding "
-                                                  f"({now - started:.1f} s)")
+                    loading = sum(1 for t in traces if t.get("preparing"))
+                    what = f", {loading} still loading" if loading else ""
+                    up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
+                                                  f"{what} ({now - started:.1f} s)")
                 if pacer.due("lanes", now):
                     with pacer.timed("lanes"):
                         up.update(self.inspector_updates(traces, _SELECTED.get(key), run_plots=False,
@@ -154,13 +156,13 @@ class RunSession(PageLayout):
             return
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
-            yield {self.status: status_html(str(e), "error"), **self.idle_buttons()}
+            yield {self.status: status_html(str(e), "error"), **self.idle_buttons(), **self.not_run(n, str(e))}
             return
         except Exception as e:  # noqa: BLE001 - a bug shows as one line; the log has the traceback
             log.exception("comparison failed")
             msg = one_line(f"the comparison failed: {type(e).__name__}: {e}")
             gr.Warning(msg)
-            yield {self.status: status_html(msg, "error"), **self.idle_buttons()}
+            yield {self.status: status_html(msg, "error"), **self.idle_buttons(), **self.not_run(n, msg)}
             return
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
@@ -181,9 +183,12 @@ class RunSession(PageLayout):
                 gr.Warning(f"could not save the session: {e}")
                 saved = f" (not saved: {e})"
         head = "Stopped" if stopped else "Done"
+        # A lane that failed makes the whole line red and says which, never a green "Done".
+        failed = [str(j + 1) for j, t in enumerate(traces) if (t.get("stats") or {}).get("error")]
+        fail = f" Lane{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed (see the lane)." if failed else ""
         up = self.result_updates(traces, metric, step=None, plots=True, sid=sid,
-                                 status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{saved}",
-                                                    "ok" if not stopped else "info"))
+                                 status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
+                                                    "error" if failed else "ok" if not stopped else "info"))
         up.update(self.idle_buttons())
         yield up
 
