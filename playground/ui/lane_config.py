@@ -15,7 +15,7 @@ import gradio as gr
 
 from playground.errors import PlaygroundError
 from playground.ui import state as st
-from playground.ui.html import empty_output, human, md_text, status_html
+from playground.ui.html import empty_output, error_html, human, md_text, stats_html, status_html
 from playground.ui.layout import LaneUI, PageLayout
 
 DEFAULT_PRESETS = ("speculative-showdown", "greedy-beam-sampling")  # what a first visit shows
@@ -126,6 +126,12 @@ class LaneConfigHandlers(PageLayout):
                 up[ui.column] = gr.update(visible=False)
         up.update(self.count_buttons(n))
         return up
+
+    def not_run(self, n: int, message: str) -> dict[Any, Any]:
+        """Lanes ``1..n`` after a run that was refused or failed before they started: the
+        reason in red in each (never a lasting "Starting…"), no stats."""
+        return {**{ui.output: error_html(message) + empty_output(ui.k, "Not run.") for ui in self.lanes[:n]},
+                **{ui.stats: stats_html("") for ui in self.lanes[:n]}}
 
     def count_buttons(self, n: int) -> dict[Any, Any]:
         """"+ Lane" and "− Lane" enabled only where they can do something at ``n`` lanes."""
