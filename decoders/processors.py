@@ -311,10 +311,11 @@ class Temperature(Processor):
             return _masked(logits, ~keep)
         out = logits / self.t
         live = torch.isfinite(logits)
-        if bool((torch.isinf(out) & live).any()):
-            # A tiny t overflows float32; shifting by the max first is the same softmax and
-            # stays finite for the top token (the rest may underflow to -inf, as they should).
-            out = (logits - logits[live].max()) / self.t
+        if bool((~torch.isfinite(out) & live).any()):
+            # A tiny t overflows float32 (or is 0 in it); shifting by the max in float64 is the
+            # same softmax and keeps the top token at 0 (the rest may go to -inf, as they should).
+            shifted = (logits.double() - float(logits[live].max())) / self.t
+            out = shifted.nan_to_num(nan=NEG_INF, neginf=NEG_INF).float()
         return out
 
 
@@ -719,5 +720,6 @@ __all__ = [
     "Breakers", "CHAIN_DEFAULTS", "Chain", "ChainParams", "DEFAULT_ORDER", "DRY", "Epsilon", "Eta",
     "FrequencyPenalty", "History", "MinP", "Mirostat", "NoRepeatNGram", "ORDER_ITEMS",
     "PresencePenalty", "Processor", "RepetitionPenalty", "Temperature", "TopK", "TopNSigma",
-    "TopP", "Typical", "XTC", "active_items", "breaker_sequences", "build_chain", "chain_params", "check_chain",
+    "TopP", "Typical", "XTC", "active_items", "breaker_sequences", "build_chain", "chain_params",
+    "check_chain",
 ]

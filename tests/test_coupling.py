@@ -39,7 +39,8 @@ def ctx(seed: int) -> Context:
     return Context(target=None, prompt_ids=[1], max_new_tokens=1, params={}, seed=seed)
 
 
-def lane_draw(chain: P.Chain, logits: torch.Tensor, c: Context, pos: int, coupling: str) -> tuple[int, torch.Tensor]:
+def lane_draw(chain: P.Chain, logits: torch.Tensor, c: Context, pos: int,
+              coupling: str) -> tuple[int, torch.Tensor]:
     """One lane's draw at ``pos``: (token, kept mask)."""
     processed = chain(logits, hist(pos=pos))
     final = torch.softmax(processed, -1)
@@ -50,7 +51,7 @@ def lane_draw(chain: P.Chain, logits: torch.Tensor, c: Context, pos: int, coupli
 def test_gumbel_noise_is_fixed_by_seed_stream_and_position_only():
     a = ctx(3).gumbel(7, 500)
     assert torch.equal(a, ctx(3).gumbel(7, 500))
-    assert torch.equal(a[:100], ctx(3).gumbel(7, 100))  # a token's noise does not depend on the vocabulary size
+    assert torch.equal(a[:100], ctx(3).gumbel(7, 100))  # a token's noise ignores the vocabulary size
     assert not torch.equal(a, ctx(4).gumbel(7, 500))
     assert not torch.equal(a, ctx(3).gumbel(8, 500))
     assert not torch.equal(a, ctx(3).gumbel(7, 500, "sample/1"))

@@ -1,6 +1,6 @@
 """The samplers: top_k=1 and temperature 0 are greedy; identical chains and seeds give identical
-output; draws follow the final distribution (chi-square at fixed seeds); common random
-numbers make two samplers differ by their rule only; stateful and penalty rules act as
+output; draws follow the final distribution (chi-square at fixed seeds, both couplings);
+common random numbers make two samplers differ by their rule only; stateful and penalty rules act as
 their definitions say in real runs."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run(handle, decoder, prompt, n, params=None, seed=0, stop=False):
 
 
 def first_draws(handle, decoder, params, seeds, prompt=PROMPTS[0]):
-    """The decoder's own first-step pick (its chain, ``ctx.uniform(0)``) for many seeds,
+    """The decoder's own first-step pick (its chain and coupling, position 0) for many seeds,
     on the model's real first-step logits, without a forward pass per seed."""
     base = prepare(model=handle, decoder=decoder, prompt=prompt, max_new_tokens=1, params=params)
     logits = handle.forward(base.ctx.prompt_ids).logits[0, -1]
@@ -97,14 +97,15 @@ def test_identical_chains_and_seeds_give_identical_output(flat):
 
 
 # ---------------------------------------------------------------------- statistics
+@pytest.mark.parametrize("coupling", ["gumbel", "inverse_cdf"])
 @pytest.mark.parametrize("decoder,params", [
     ("sample", {}),  # temperature 1: the model's own distribution
     ("sample", {"temperature": 0.7, "top_k": 30}),
     ("min_p", {"p": 0.05, "temperature": 1.3}),
 ])
-def test_draws_follow_the_final_distribution(flat, decoder, params):
+def test_draws_follow_the_final_distribution(flat, decoder, params, coupling):
     n = 2000
-    logits, final, toks = first_draws(flat, decoder, params, range(n))
+    logits, final, toks = first_draws(flat, decoder, {**params, "coupling": coupling}, range(n))
     if decoder == "sample" and not params:
         torch.testing.assert_close(final, torch.softmax(logits, -1))
     counts = torch.bincount(torch.tensor(toks), minlength=final.numel())
@@ -114,23 +115,43 @@ def test_draws_follow_the_final_distribution(flat, decoder, params):
     assert stat < chi2_critical(dof), (stat, dof)
 
 
-def test_first_draws_match_real_runs(flat):
-    _, _, toks = first_draws(flat, "sample", {"temperature": 1.2}, range(5))
+@pytest.mark.parametrize("coupling", ["gumbel", "inverse_cdf"])
+def test_first_draws_match_real_runs(flat, coupling):
+    knobs = {"temperature": 1.2, "coupling": coupling}
+    _, _, toks = first_draws(flat, "sample", knobs, range(5))
     for seed, tok in enumerate(toks):
-        assert run(flat, "sample", PROMPTS[0], 1, {"temperature": 1.2}, seed=seed).output_ids == [tok]
+        assert run(flat, "sample", PROMPTS[0], 1, knobs, seed=seed).output_ids == [tok]
+
+
+def test_gumbel_coupling_keeps_a_filtered_lane_on_the_unfiltered_draw(flat):
+    """Real runs, several positions: a top-k lane equals plain sampling up to the first token
+    top-k removed (see test_coupling.py for the full property)."""
+    checked = 0
+    for seed in range(6):
+        plain = run(flat, "sample", PROMPTS[1], 6, {}, seed=seed)
+        lane = run(flat, "top_k", PROMPTS[1], 6, {"k": 30, "temperature": 1.0}, seed=seed)
+        for a, b, step in zip(plain.output_ids, lane.output_ids, lane.steps):
+            d = step.evidence["dist"]
+            if a != b:
+                assert a not in d["top_ids"] or d["final_probs"][d["top_ids"].index(a)] == 0.0
+                break
+            checked += 1
+    assert checked >= 6
 
 
 # ---------------------------------------------------------------------- common random numbers
-def test_common_random_numbers_top_k_vs_top_p(flat):
-    """Same seed, same uniform: when top-k and top-p keep the same tokens they draw the same
-    token; otherwise the narrower filter never draws a lower-ranked token."""
+@pytest.mark.parametrize("coupling", ["gumbel", "inverse_cdf"])
+def test_common_random_numbers_top_k_vs_top_p(flat, coupling):
+    """Same seed, same random numbers: when top-k and top-p keep the same tokens they draw the
+    same token; otherwise the narrower filter never draws a lower-ranked token (both couplings:
+    the kept sets are nested top sets)."""
     seeds = range(300)
     logits = first_draws(flat, "sample", {}, [0])[0]
     mass = torch.softmax(logits, -1).sort(descending=True).values.cumsum(0)
     p_same = float(mass[5] - 1e-4)  # top_p that keeps exactly the 6 most probable tokens
     for k, p in ((8, 0.5), (20, 0.5), (3, 0.9), (6, p_same)):
-        logits, fk, tk = first_draws(flat, "top_k", {"k": k}, seeds)
-        _, fp, tp = first_draws(flat, "top_p", {"p": p}, seeds)
+        logits, fk, tk = first_draws(flat, "top_k", {"k": k, "coupling": coupling}, seeds)
+        _, fp, tp = first_draws(flat, "top_p", {"p": p, "coupling": coupling}, seeds)
         rank = {int(t): r for r, t in enumerate(torch.argsort(-logits, stable=True))}
         same_set = torch.equal(fk > 0, fp > 0)
         assert same_set == (k == 6)
