@@ -1,0 +1,105 @@
+"""The bench machinery on a tiny scale, writing to a temporary file (never docs/).
+
+Speed itself is never asserted: only that the sections say what they measured and that a
+difference smaller than its spread is called "within noise", not "met".
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from playground.bench import suites, write_section
+from playground.bench import overhead
+from playground.cli import main
+
+
+def _result(ratio: float, low: float, high: float) -> dict:
+    return {"params_m": 2.6, "ours_s": ratio, "theirs_s": 1.0, "ratio": ratio, "low": low, "high": high,
+            "min": low, "max": high, "identical": True}
+
+
+@pytest.mark.parametrize("median, low, high, target, want", [
+    (1.02, 0.95, 1.10, 1.10, "within noise"),  # spread 0.15 > effect 0.02
+    (0.80, 0.50, 1.20, 1.25, "within noise"),  # "faster than generate" inside a wide spread
+    (1.05, 1.04, 1.06, 1.10, "met"),
+    (1.30, 1.28, 1.33, 1.10, "missed"),
+    (1.30, 1.00, 1.50, 1.10, "within noise"),
+])
+def test_verdict_calls_a_difference_inside_its_spread_noise(median, low, high, target, want):
+    assert overhead.verdict(median, low, high, target) == want
+
+
+def test_spread_is_the_interquartile_range_or_min_max_for_few_pairs():
+    assert overhead.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
+    assert overhead.spread([1.3, 0.9, 1.1]) == (0.9, 1.3)
+
+
+def test_table_shows_the_paired_ratio_its_spread_and_the_verdict():
+    lines = overhead.table([("noisy", _result(1.02, 0.95, 1.10), 1.10), ("clean", _result(1.05, 1.04, 1.06), 1.10)])
+    assert "ratio (median of pairs)" in lines[0] and "spread (IQR)" in lines[0] and "verdict" in lines[0]
+    assert "| 0.950–1.100 |" in lines[2] and "within noise" in lines[2] and "| met |" not in lines[2]
+    assert "| met |" in lines[3]
+
+
+def test_write_section_replaces_only_its_own_section(tmp_path):
+    out = tmp_path / "bench.md"
+    write_section(out, "a", "first A")
+    write_section(out, "b", "only B")
+    write_section(out, "a", "second A")
+    text = out.read_text()
+    assert "second A" in text and "first A" not in text and "only B" in text
+    assert text.count("<!-- bench:a -->") == 1
+
+
+def test_browser_helpers_are_not_a_suite():
+    assert {"overhead", "speculative", "ui"} <= set(suites())
+    assert not any(s.startswith("_") for s in suites())
+
+
+@pytest.mark.slow
+def test_overhead_suite_writes_its_section_to_the_given_file(tmp_path, capsys):
+    out = tmp_path / "bench.md"
+    write_section(out, "other", "kept as it was")
+    assert main(["bench", "--suite", "overhead", "--quick", "--repeats", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "kept as it was" in text
+    section = text[text.index("<!-- bench:overhead -->"):text.index("<!-- /bench:overhead -->")]
+    assert "ratio (median of pairs)" in section and "spread (IQR)" in section
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and "M |" in ln]
+    assert len(rows) == 2
+    assert all(any(v in r for v in ("| within noise |", "| met |", "| missed |")) for r in rows)
+    assert all(r.rstrip().endswith("| yes |") for r in rows)  # traced greedy gives generate's tokens
+    assert "load average" in section
+
+
+def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
+    from playground.bench import ui
+
+    pairs = [({"done_s": 3.0, "first_s": 0.4, "page_says_s": 2.9}, {"total_s": 1.0, "lanes_s": 0.9}),
+             ({"done_s": 1.5, "first_s": 0.6, "page_says_s": 1.4}, {"total_s": 1.0, "lanes_s": 0.9})]
+    lane = {"rate": 9.0, "updates": 40, "tokens": 128, "span_s": 4.3}
+    slow = {"rate": 5.0, "updates": 20, "tokens": 128, "span_s": 4.0}
+    streams = {2: [{"lanes": {1: lane, 2: lane}}], 6: [{"lanes": {k: (slow if k == 4 else lane) for k in range(1, 7)}}]}
+    text = ui._section(argparse.Namespace(quick=True), {"title": "Speculative showdown: x", "lanes": [{}] * 5,
+                                                        "max_new_tokens": 64},
+                       pairs, streams, [{"s": 0.3}], [{"s": 0.8, "plots": 11, "drawn": 11, "complete": True}],
+                       [1.5, 2.5], 128, 2, 60.0, "Machine: test.")
+    assert "**2.25 (1.50–3.00)**" in text  # the median of the paired ratios, with their range
+    assert "| ≤ 2.0 | missed |" in text
+    assert "Slowest lane with 6 lanes: 5.0 updates/s" in text and "(missed)" in text
+    assert "load average during the suite: 1.5–2.5" in text
+
+
+def test_screenshots_command_has_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["screenshots", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--out" in out and "compare-finished" in out
+
+
+def test_screenshots_rejects_an_unknown_name(capsys):
+    assert main(["screenshots", "--only", "nope"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
