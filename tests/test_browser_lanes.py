@@ -120,3 +120,99 @@ def test_a_hand_picked_decoder_gets_its_knobs_and_the_value_set_is_the_value_run
     pick_decoder(p, 2, "speculative")
     p.locator("#lane-2-knob-gamma").wait_for(state="visible", timeout=30_000)
     assert p.locator("#lane-2-knob-num_beams").count() == 0
+
+
+def inspector_header(p, k: int) -> str:
+    return p.locator(f"#inspect-{k}-header").inner_text()
+
+
+def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(page, app):
+    p = page
+    load_preset(p, PRESET)
+    open_settings(p, 3)  # top_p
+    set_number(p, "#lane-3-knob-p input[type=number]", "1.5")
+    p.wait_for_function("() => document.querySelector('#lane-3-knob-p').innerText.includes('out of range [0, 1]')")
+    assert p.locator("#lane-3-knob-p input[type=number]").input_value() == "1.5"  # shown as typed
+    set_number(p, "#max-new-tokens input", "8")
+    p.click("#run")
+    wait_idle(p)
+    status = status_text(p)
+    assert "Lane 3 failed" in status and p.locator("#status .pg-status-error").count() == 1, status
+    assert "knob 'p'=1.5 is out of range [0, 1]" in p.locator("#lane-3-output .lane-error").inner_text()
+    assert p.locator("#lane-1-output .tok").count() == 8  # the other lanes ran
+    s = newest_session(app)
+    assert not s["runs"][2]["steps"]  # nothing ran with a clamped or default p
+
+    # The inspector: align lanes by token position, then focus one lane.
+    p.locator("#align").get_by_text("by token position").click()
+    p.locator("#position").wait_for(state="visible")
+    assert not p.locator("#step").is_visible()
+    set_number(p, "#position input[type=number]", "3")
+    p.wait_for_function("() => document.querySelector('#inspect-2-header').innerText.includes('token 3')")
+    # beam commits its tokens at the end, greedy one per step: the same position, different steps
+    assert "step 3 of" in inspector_header(p, 1)
+    assert "step 3 of" not in inspector_header(p, 2)
+    choose(p, "focus", "Lane 2 only")
+    p.wait_for_function("() => { const e = document.querySelector('#inspect-1');"
+                        " return e && getComputedStyle(e).display === 'none'; }")
+    assert p.locator("#inspect-2").is_visible()
+    choose(p, "focus", "all lanes")
+    p.locator("#inspect-1").wait_for(state="visible")
+
+
+def test_an_empty_draft_is_refused_never_replaced_by_the_target(page):
+    p = page
+    load_preset(p, PRESET)
+    open_settings(p, 2)
+    pick_decoder(p, 2, "speculative")
+    draft = p.locator("#lane-2-draft input")
+    draft.wait_for(state="visible")
+    draft.fill("")
+    draft.press("Tab")
+    set_number(p, "#max-new-tokens input", "8")
+    p.click("#run")
+    wait_idle(p)
+    assert "pick a draft model" in p.locator("#lane-2-output .lane-error").inner_text()
+    assert "Lane 2 failed" in status_text(p)
+    assert "acceptance" not in p.locator("#lane-2-stats").inner_text()
+
+
+def test_lane_buttons_stop_at_the_limits_and_a_diffusion_page_gets_a_diffusion_lane(page):
+    p = page
+    load_preset(p, "Diffusion remasking")  # five lanes on the diffusion model
+    assert p.locator("#add-lane").is_enabled()
+    p.click("#add-lane")
+    p.locator("#lane-6").wait_for(state="visible")
+    p.wait_for_function("() => document.querySelector('#add-lane').disabled")
+    assert "Lane 6 added" in status_text(p)
+    decoder = p.locator("#lane-6-decoder input").input_value()
+    assert "llada" in decoder or "diffusion" in decoder, decoder
+    open_settings(p, 6)
+    p.locator("#lane-6-knob-steps").wait_for(state="visible", timeout=30_000)
+    for n in (5, 4, 3, 2):
+        p.click("#remove-lane")
+        p.wait_for_function(f"() => !document.querySelector('#lane-{n + 1}') ||"
+                            f" document.querySelector('#lane-{n + 1}').offsetParent === null")
+    p.wait_for_function("() => document.querySelector('#remove-lane').disabled")
+    assert p.locator("#lane-2").is_visible() and p.locator("#add-lane").is_enabled()
+
+
+def test_max_new_tokens_shows_the_budget_and_a_run_beyond_it_is_refused(page):
+    p = page
+    load_preset(p, PRESET)
+    p.wait_for_function("() => /up to \\d+ \\(tiny-shakespeare: context 512/.test("
+                        "document.querySelector('#max-new-tokens').innerText)", timeout=60_000)
+    set_number(p, "#max-new-tokens input", "1024")
+    p.wait_for_function("() => document.querySelector('#max-new-tokens').innerText.includes('over the budget')")
+    p.click("#run")
+    p.wait_for_function("() => document.querySelector('#status .pg-status-error')")
+    assert "over the budget" in status_text(p)
+    assert "Starting" not in p.locator("#lane-1-output").inner_text()
+    assert p.locator("#run").is_enabled()
+
+
+def test_share_before_any_run_says_there_is_nothing_to_share(page):
+    p = page
+    p.click("#share")
+    p.get_by_text("nothing to share yet").first.wait_for(state="visible", timeout=30_000)
+    assert p.locator("#share-link textarea, #share-link input").first.input_value() == ""

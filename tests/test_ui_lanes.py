@@ -80,6 +80,21 @@ def test_lane_setup_events_are_queued_so_their_renders_run(demo, page):
         assert fns and all(fn.queue for fn in fns), (comp.elem_id, event)
 
 
+def _outputs_of(demo, comp, event):
+    fns = [fn for fn in demo.fns.values() if (comp._id, event) in [tuple(t) for t in fn.targets]]
+    assert len(fns) >= 1
+    return {b._id for fn in fns for b in fn.outputs}
+
+
+def test_lane_count_handlers_only_update_their_events_outputs(demo, page):
+    """Gradio rejects a reply that updates a component the event does not list (the page
+    then silently stays as it was)."""
+    for up, comp in [(page.on_add(2, "tiny-shakespeare", ""), page.add_btn),
+                     (page.on_add(page.max_lanes, "tiny-shakespeare", ""), page.add_btn),
+                     (page.on_remove(3), page.remove_btn), (page.on_remove(2), page.remove_btn)]:
+        assert {c._id for c in up} <= _outputs_of(demo, comp, "click")
+
+
 def test_a_refused_knob_says_why_next_to_its_control_and_is_held_as_typed():
     from playground.ui.lane_config import _set_knob
 

@@ -214,7 +214,7 @@ class LaneConfigHandlers(PageLayout):
         up.update({ui.decoder: gr.update(value=cfg.decoder), ui.knobs: dict(cfg.params), ui.nonce: time.time_ns(),
                    ui.info: st.decoder_info_md(cfg.decoder, cfg.params), ui.model: st.SAME_MODEL,
                    ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
-                   ui.output: empty_output(ui.k), self.status: status_html(f"Lane {n} added ({cfg.decoder}).")})
+                   self.status: status_html(f"Lane {n} added ({cfg.decoder}).")})
         return up
 
     def on_remove(self, n: int) -> dict[Any, Any]:
