@@ -82,11 +82,11 @@ def gumbel_index(scores: torch.Tensor, noise: torch.Tensor) -> int:
     (score ``-inf``) are never drawn; no finite score raises PlaygroundError.
     """
     s = scores.detach().double().cpu()
-    live = torch.isfinite(s)
-    if not bool(live.any()):
+    s = torch.where(torch.isnan(s), float("-inf"), s)
+    if not bool(torch.isfinite(s).any()):
         raise PlaygroundError("cannot draw a token: the distribution has no finite probability mass")
-    g = noise.detach().double().cpu()[: s.numel()]
-    return int(torch.argmax(torch.where(live, s + g, torch.full_like(s, float("-inf")))))
+    # The noise is finite, so a removed token (-inf) stays -inf and never wins.
+    return int(torch.argmax(s + noise.detach().double().cpu()[: s.numel()]))
 
 
 def draw(ctx: Context, pos: int, final: torch.Tensor, logits: torch.Tensor | None = None,
