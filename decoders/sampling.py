@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from decoders.ar import COUPLINGS, draw, greedy_probs, token_loop
+from decoders.ar import COUPLINGS, Picker, draw, greedy_probs, token_loop
 from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, register
 from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
                                  build_chain, chain_params, check_chain)
@@ -48,7 +48,7 @@ def coupling_param() -> Choice:
 
 
 def chain_picker(ctx: Context, chain: Chain, stages_out: list[list[dict[str, Any]]],
-                 coupling: str | None = None):
+                 coupling: str | None = None) -> Picker:
     """A ``token_loop`` picker that runs ``chain`` and draws with the run's common random
     numbers at position ``pos`` (``coupling``: ``gumbel`` or ``inverse_cdf``; default: the
     ``coupling`` knob in ``ctx.params``, else ``gumbel``).
