@@ -35,6 +35,7 @@ def _save(out: Path, name: str, png: bytes, written: list[str]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".png", dir=out)
     with os.fdopen(fd, "wb") as f:
         f.write(png)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; these are files of the repository
     os.replace(tmp, out / f"{name}.png")
     written.append(str(out / f"{name}.png"))
 
@@ -71,7 +72,10 @@ def _compare_shots(page: Any, want: set[str], out: Path, written: list[str]) -> 
         page.wait_for_function("() => document.querySelectorAll('#lane-1-output .tok').length >= 12"
                                " && /^Running/.test(document.querySelector('#status').innerText.trim())",
                                timeout=120_000, polling="raf")
+        # the lanes, not the settings above them, are what this picture is about
+        page.evaluate("() => document.querySelector('#run').scrollIntoView({block: 'start'})")
         _save(out, "compare-running", page.screenshot(full_page=False), written)
+        page.evaluate("() => window.scrollTo(0, 0)")
         page.click("#stop")
         wait_idle(page)
     if want & {"compare-finished", "inspector"}:
