@@ -12,6 +12,7 @@ prompts, with their forward passes counted the same way (by wrapping ``model.for
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -70,6 +71,11 @@ NOTES = """### Reading the numbers
   high-entropy tiny model, for ours and for transformers alike.
 - Wall times are the fastest of the runs on a shared 2-core machine; treat differences under ~20 % as noise.
 """
+
+
+def _load() -> float:
+    """The 1-minute load average (NaN where the platform has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def _forward_ms(handle: Any, n: int = 60) -> float:
@@ -194,6 +200,7 @@ def run_suite(args: argparse.Namespace) -> str:
     # order rotated per prompt and repetition, so a burst of load from other jobs hits all of them
     # alike; each keeps the fastest of its reps runs (same result, less scheduler noise).
     best: dict[tuple[str, str, float], list[dict[str, Any] | None]] = {}
+    load_start = _load()
     for temp in (0.0, 1.0):
         jobs: list[tuple[str, str, Callable[[str, int], dict[str, Any]]]] = [
             ("base", "", lambda p, i: _ours(target, draft, "greedy" if temp == 0 else "sample", p, n, temp, {}, i))]
@@ -231,6 +238,10 @@ def run_suite(args: argparse.Namespace) -> str:
         "for transformers). Ours and transformers' runs alternate prompt by prompt, in a rotating order. "
         "Baseline: `greedy` at T=0, `sample` at T=1 (same chain). Forward passes are measured by the model views; "
         "for transformers, by counting calls of `model.forward`.",
+        "",
+        f"1-minute load average: {load_start:.1f} when the suite started, {_load():.1f} when it finished, on "
+        f"{os.cpu_count()} cores" + (" (shared with other jobs: wall times are noisy)." if max(load_start, _load()) >=
+                                      (os.cpu_count() or 1) / 2 else "."),
         "",
     ]
     chart: list[tuple[str, float, float]] = []
