@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import decoders
@@ -215,7 +215,8 @@ def _fuzz_body(fuzz_models: dict[str, Any], decoder: str, data: st.DataObject) -
     prompt = prompt_for(handle, kind, value, n)
     knobs = data.draw(knobs_strategy(decoder), label="knobs")
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
-    check_run(models, decoder, knobs, prompt, n, seed)
+    # --hypothesis-show-statistics shows how many examples ran to the end vs were refused
+    event(check_run(models, decoder, knobs, prompt, n, seed))
 
 
 FAST = settings(max_examples=6, deadline=None, derandomize=True, database=None,
