@@ -1,0 +1,79 @@
+"""Classifier-free guidance for causal language models (Sanchez et al. 2023)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from decoders.ar import ARState, greedy_probs, token_loop
+from decoders.base import Context, Decoder, Float, Params, Text, register
+from decoders.contrastive._common import contrast_evidence
+from playground.errors import PlaygroundError
+from playground.trace import Step
+
+
+@register
+class CFG(Decoder):
+    """Classifier-free guidance: move the next-token distribution away from what the model
+    predicts without the prompt (or with a negative prompt).
+
+    Algorithm (Sanchez et al. 2023, eq. 7), at every step:
+
+    1. c = log p(v | prompt, x<t), the conditional pass;
+    2. u = log p(v | negative, x<t), the unconditional pass: the same model on the negative
+       prompt followed by the tokens generated so far; with ``negative_prompt`` empty the
+       negative is the last prompt token alone (as transformers does);
+    3. x_t = argmax of u + ``guidance_scale`` · (c - u).
+
+    Both passes are KV-cached and both count as target forwards (two per token);
+    ``guidance_scale=1`` is plain greedy decoding and runs no unconditional pass. Equals
+    transformers 4.x ``generate(guidance_scale=, negative_prompt_ids=)`` (greedy) token for
+    token. Each step records the conditional, unconditional and guided distributions.
+    """
+
+    name = "cfg"
+    family = "contrastive"
+    kind = "causal"
+    params = Params(
+        guidance_scale=Float(1.5, 0.0, 10.0, "gamma: 1 = no guidance, > 1 pushes away from the negative"),
+        negative_prompt=Text("", "text the guidance pushes away from (empty = the last prompt token)"),
+    )
+    reference = "Sanchez et al. 2023, Stay on topic with Classifier-Free Guidance (ICML 2024)"
+    description = "Greedy on u + gamma·(c − u): conditional vs unconditional (or negative-prompt) pass"
+
+    def run(self, ctx: Context) -> Iterator[Step]:
+        view = ctx.target
+        gamma = float(ctx.params["guidance_scale"])
+        text = str(ctx.params["negative_prompt"])
+        negative = view.encode(text) if text else list(ctx.prompt_ids[-1:])
+        if not negative:
+            raise PlaygroundError("the negative prompt encodes to no tokens")
+        if len(negative) + ctx.max_new_tokens > view.context_length:
+            raise PlaygroundError(f"negative prompt ({len(negative)} tokens) plus max_new_tokens "
+                                  f"({ctx.max_new_tokens}) exceeds the context of {view.name!r} "
+                                  f"({view.context_length} tokens)")
+        uncond = ARState(view)
+        evidence: dict[str, Any] = {}
+
+        def pick(logits: torch.Tensor, pos: int, out: list[int]) -> tuple[torch.Tensor, int]:
+            cond = torch.log_softmax(logits.float(), -1)
+            if gamma == 1.0:
+                evidence.clear()
+                return greedy_probs(cond)
+            u_logits = uncond.prefill(negative) if pos == 0 else uncond.advance(out[-1:])
+            u = torch.log_softmax(u_logits.float(), -1)
+            guided = gamma * (cond - u) + u
+            final, tok = greedy_probs(guided)
+            evidence["contrast"] = contrast_evidence(
+                view, {"conditional": cond.exp(), "unconditional": u.exp(),
+                       "guided": torch.softmax(guided, -1)}, tok, ctx.top_k_evidence, scores=guided)
+            return final, tok
+
+        for step in token_loop(ctx, pick, self):
+            if "contrast" in evidence:
+                step.evidence["contrast"] = evidence["contrast"]
+            yield step
+
+    def is_lossy(self, params: dict[str, Any]) -> bool:
+        return params["guidance_scale"] != 1.0
