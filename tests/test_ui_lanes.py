@@ -178,3 +178,44 @@ def test_an_out_of_range_knob_is_refused_not_clamped(page, tiny, db):
     final = list(page.on_run(None, *run_args(page, lanes)))[-1]
     assert "knob 'gamma'=100 is out of range [1, 32]" in text(final, page.lanes[1].output)
     assert not final[page.traces][1].get("steps")
+
+
+def test_lanes_align_by_token_position_or_by_step(page, tiny, db):
+    from playground.ui import align
+
+    lanes = [("greedy", {}, None), ("beam", st.default_knobs("beam"), None)]
+    traces = list(page.on_run(None, *run_args(page, lanes, max_new=6)))[-1][page.traces]
+    greedy, beam = (align.position_steps(t) for t in traces)
+    assert greedy == list(range(len(greedy))) and len(greedy) == 6
+    up = align.on_align(page, "position", traces)
+    assert prop(up, page.position, "visible") is True and prop(up, page.step, "visible") is False
+    up = align.on_position(page, 2, traces)
+    h1, h2 = (text(up, page.lanes[j].insp_header) for j in (0, 1))
+    assert "token 2" in h1 and "step 2 of" in h1
+    # beam search commits its text when it ends: position 2 is its last step, not its step 2
+    assert f"step {beam[2]} of" in h2 and beam[2] != 2
+    up = align.on_align(page, "step", traces)
+    assert prop(up, page.step, "visible") is True and prop(up, page.position, "visible") is False
+    assert align.back_to_steps(page, "position")[page.align] == "step"
+    assert align.back_to_steps(page, "step") == {}
+    rng = align.position_range(page, traces)[page.position]
+    assert rng["maximum"] == 5 and rng["value"] == 5
+
+
+def test_a_run_no_lane_could_start_leaves_every_lane_saying_why(page, tiny, db):
+    lanes = [("speculative", st.default_knobs("speculative"), "")] * 2
+    frames = list(page.on_run(None, *run_args(page, lanes)))
+    final = frames[-1]
+    assert "pick a draft model" in text(final, page.status) and "pg-status-error" in text(final, page.status)
+    for j in (0, 1):
+        out = text(final, page.lanes[j].output)
+        assert "lane-error" in out and "pick a draft model" in out and "Starting" not in out
+    assert prop(final, page.run_btn, "interactive") is True
+
+
+def test_a_run_with_a_failed_lane_is_not_a_green_done(page, tiny, db):
+    lanes = [("greedy", {}, None), ("top_p", {"p": 2.0}, None)]
+    status = text(list(page.on_run(None, *run_args(page, lanes)))[-1], page.status)
+    assert status.startswith('<div class="pg-status pg-status-error">Done') and "Lane 2 failed" in status
+    status = text(list(page.on_run(None, *run_args(page, [("greedy", {}, None)] * 2)))[-1], page.status)
+    assert "pg-status-ok" in status and "failed" not in status

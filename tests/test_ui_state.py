@@ -221,12 +221,11 @@ def test_check_lanes_reports_each_refused_lane():
     assert checked[0] == st.LaneConfig("greedy")
 
 
-def test_used_knobs_are_the_decoders_own_with_defaults_filled_in():
-    used = st.used_knobs("top_p", {"p": 0.5, "gamma": 4})
-    assert used.startswith("p=0.5 · temperature=1") and "gamma" not in used
-    assert used.count("=") == len(st.decoder_spec("top_p")["params"])
-    assert st.used_knobs("greedy", {"gamma": 4}) == ""
+def test_the_lane_card_lists_only_knobs_the_run_uses():
+    assert st.knob_summary("top_p", {"p": 0.5, "gamma": 4}) == "p=0.5"
+    assert st.knob_summary("greedy", {"gamma": 4}) == ""
     assert "gamma" not in st.decoder_info_md("top_p", {"gamma": 9, "p": 0.5})
+    assert st.knob_summary("top_p", {"p": 1.5}) == "p=1.5 (refused)"
 
 
 # ---------------------------------------------------------------------- lanes and budgets

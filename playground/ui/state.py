@@ -57,14 +57,17 @@ def decoder_spec(name: str | None) -> dict[str, Any] | None:
 
 
 def knob_summary(name: str | None, knobs: dict[str, Any] | None) -> str:
-    """The knobs that differ from their defaults, as ``k=20 · temperature=0.7``."""
+    """The knobs that differ from their defaults, as ``k=20 · temperature=0.7`` (what the run
+    uses: knobs of a decoder picked before are not listed, a refused value is marked)."""
     s = decoder_spec(name)
     if s is None or not knobs:
         return ""
     parts = []
     for k, spec in s["params"].items():
         if k in knobs and knobs[k] != spec["default"]:
-            parts.append(_knob_text(k, knobs[k]))
+            # a value the run would refuse is listed as such, never as if it were used
+            bad = knob_error(str(name), k, knobs[k])
+            parts.append(_knob_text(k, knobs[k]) + (" (refused)" if bad else ""))
     return " · ".join(parts)
 
 
@@ -374,19 +377,6 @@ def lane_request(cfg: LaneConfig, page_model: str, prompt: str, seed: int, max_n
     return {"model": cfg.model or page_model, "decoder": cfg.decoder, "prompt": prompt,
             "max_new_tokens": int(max_new_tokens), "seed": int(seed), "draft": cfg.draft,
             "params": dict(cfg.params)}
-
-
-def used_knobs(decoder: str | None, knobs: dict[str, Any] | None) -> str:
-    """Every knob a run of ``decoder`` uses, as ``p=0.5 · temperature=1`` (defaults filled in).
-
-    This is what the lane card lists after a run, read from the trace (what the engine
-    used), so a knob the decoder does not have never appears there.
-    """
-    s = decoder_spec(decoder)
-    if s is None:
-        return ""
-    vals = {**default_knobs(decoder), **{k: v for k, v in (knobs or {}).items() if k in s["params"]}}
-    return " · ".join(_knob_text(k, vals[k]) for k in s["params"])
 
 
 def _knob_text(name: str, v: Any) -> str:
