@@ -98,7 +98,7 @@ def app_and_browser(threads: int = 1, **env: str) -> Iterator[tuple[App, Any]]:
         raise PlaygroundError("this command needs Playwright: pip install -e '.[dev]'") from e
     if not Path(CHROMIUM).exists():
         raise PlaygroundError(f"no Chromium at {CHROMIUM} (install Debian's chromium or set PLAYGROUND_CHROMIUM)")
-    with tempfile.TemporaryDirectory(prefix="playground-browser-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="playground-browser-") as tmp, _exit_on_sigterm():
         app = App(str(Path(tmp) / "sessions.db"), Path(tmp) / "app.log", OMP_NUM_THREADS=str(threads), **env)
         try:
             app.wait()
@@ -116,6 +116,27 @@ def app_and_browser(threads: int = 1, **env: str) -> Iterator[tuple[App, Any]]:
                                   + (f" (app log: {log})" if log else "")) from e
         finally:
             app.stop()
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM (``timeout``, ``kill``) into SystemExit while the app runs, so the cleanup
+    above stops the app subprocess instead of leaving it orphaned."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _tail(path: Path) -> str:

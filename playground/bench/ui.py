@@ -141,21 +141,14 @@ def load_average() -> float:
 def cli_compare_s(preset: str) -> dict[str, float]:
     """Decode a preset's lanes in this process as ``playground compare`` does (models warm).
 
-    Returns the wall time of all lanes, one after the other, and the sum of their ``wall_s``.
+    Returns the wall time of all lanes, one after the other (preparation included), and the
+    sum of their ``wall_s``.
     """
-    from playground.engine import prepare
-    from playground.presets import load_preset
+    from playground.api import plan_compare, prepare_lanes
 
-    p = load_preset(preset)
     t0 = time.perf_counter()
-    lanes_s = 0.0
-    for lane in p["lanes"]:
-        mnt = lane.get("max_new_tokens") or p["max_new_tokens"]
-        run = prepare(model=lane.get("model") or p["model"], decoder=lane["decoder"], prompt=p["prompt"],
-                      max_new_tokens=int(mnt), seed=int(p["seed"]), draft=lane.get("draft"),
-                      params=lane.get("params", {}))
-        lanes_s += float(run.finish().stats["wall_s"])
-    return {"total_s": time.perf_counter() - t0, "lanes_s": lanes_s}
+    traces = [run.finish() for run in prepare_lanes(plan_compare(preset))]
+    return {"total_s": time.perf_counter() - t0, "lanes_s": sum(float(t.stats["wall_s"]) for t in traces)}
 
 
 def run_in_page(page: Any, timeout_ms: int = 300_000) -> dict[str, Any]:
