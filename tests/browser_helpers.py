@@ -111,7 +111,7 @@ def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
 def status_text(page: Any) -> str:
     """The status line under the Run button."""
     try:
-        return page.locator("#status").inner_text(timeout=5_000).strip()
+        return page.locator("#status").inner_text(timeout=30_000).strip()
     except Exception:  # noqa: BLE001
         return "<unreadable>"
 

@@ -411,3 +411,14 @@ def test_no_page_handler_is_a_public_api_endpoint(demo):
     assert not {n for n in page_fns if n.startswith("on_") or n in ("load_example", "_knobs")}
     named = demo.get_api_info()["named_endpoints"]
     assert not [n for n in named if "on_" in n]
+
+
+def test_model_work_shares_one_concurrency_group(demo):
+    """Run (button and prompt submit) and the model-info handler (page load, model pick) never
+    load models outside the shared group (two threads loading at once once broke every Run)."""
+    from playground.hosting import MODEL_CONCURRENCY_ID
+
+    fns = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") in ("on_run", "on_model")]
+    triggers = {(f.fn.__name__, t[1]) for f in fns for t in f.targets}
+    assert {("on_run", "click"), ("on_run", "submit"), ("on_model", "load"), ("on_model", "change")} <= triggers
+    assert all(f.concurrency_id == MODEL_CONCURRENCY_ID for f in fns)
