@@ -1,4 +1,4 @@
-"""The contrastive family: contrastive search, contrastive decoding, CFG and DoLa.
+"""The contrastive family: contrastive search, contrastive decoding, CFG, DoLa and CAD.
 
 Each decoder is checked token for token against a straight-line reference written from its
 paper here (no KV cache: every step recomputes the whole sequence with the bare model), on
@@ -457,6 +457,54 @@ def test_dola_evidence_and_forwards(handles, tok):
     assert seen  # the record names a chosen layer at every step
 
 
+# ---------------------------------------------------------------------- context-aware decoding
+CAD_PROMPTS = ["ROMEO: the moon is green.\n\nWhat colour is the moon?", "To be, or not\n\nto be"]
+
+
+def ref_cad(model, tok, text: str, n: int, alpha: float, separator: str = "\n\n") -> list[int]:
+    """Shi et al. 2023: argmax of (1+a)·logits(y | c, x) - a·logits(y | x)."""
+    seq, out = ids_of(tok, text), []
+    question = ids_of(tok, text.split(separator, 1)[1])
+    for _ in range(n):
+        with_c = forward(model, seq)[0]
+        without = forward(model, question + out)[0]
+        tok_id = int(torch.argmax((1 + alpha) * with_c - alpha * without))
+        seq.append(tok_id), out.append(tok_id)
+        if tok_id == eos_of(model):
+            break
+    return out
+
+
+@pytest.mark.parametrize("model", ["llama8", "gpt2_8", "gpt2"])
+@pytest.mark.parametrize("alpha", [0.5, 2.0])
+def test_cad_equals_reference(handles, tok, model, alpha):
+    h = handles[model]
+    for text in CAD_PROMPTS:
+        got, _, view, _ = run_ids(h, "cad", ids_of(tok, text), N, {"alpha": alpha})
+        assert got == ref_cad(h.model, tok, text, N, alpha), (model, text)
+        assert view.forwards == 2 * len(got)
+
+
+def test_cad_changes_greedy_and_alpha_0_is_greedy(handles, tok):
+    h = handles["llama8"]
+    changed = 0
+    for text in CAD_PROMPTS:
+        prompt = ids_of(tok, text)
+        greedy, _, gv, _ = run_ids(h, "greedy", prompt, N, {})
+        got, _, cv, _ = run_ids(h, "cad", prompt, N, {"alpha": 0.0})
+        assert got == greedy and cv.forwards == gv.forwards
+        changed += run_ids(h, "cad", prompt, N, {"alpha": 1.0})[0] != greedy
+    assert changed >= 1
+
+
+def test_cad_samples_with_common_random_numbers(handles, tok):
+    h = handles["gpt2_8"]
+    prompt = ids_of(tok, CAD_PROMPTS[0])
+    runs = [run_ids(h, "cad", prompt, N, {"temperature": 1.0}, seed=s)[0] for s in range(4)]
+    assert runs[1] == run_ids(h, "cad", prompt, N, {"temperature": 1.0}, seed=1)[0]
+    assert len({tuple(r) for r in runs}) > 1
+
+
 # ---------------------------------------------------------------------- bad inputs, traces
 def one_line_error(**request) -> str:
     with pytest.raises(PlaygroundError) as e:
@@ -481,6 +529,8 @@ def test_bad_inputs_are_one_line(handles, tok):
     one_line_error(model=h, decoder="contrastive_search", prompt="ROMEO:", max_new_tokens=4,
                    params={"penalty_alpha": 1.5})
     one_line_error(model=h, decoder="cfg", prompt="ROMEO:", max_new_tokens=4, params={"guidance_scale": -1})
+    assert "separator" in one_line_error(model=h, decoder="cad", prompt="ROMEO: no question here", max_new_tokens=4)
+    assert "question" in one_line_error(model=h, decoder="cad", prompt="ROMEO:\n\n", max_new_tokens=4)
     long_negative = "ROMEO: " * 200
     assert "negative prompt" in one_line_error(model=h, decoder="cfg", prompt="ROMEO:", max_new_tokens=4,
                                                params={"negative_prompt": long_negative})
@@ -500,7 +550,8 @@ def test_amateur_with_a_smaller_vocabulary_is_refused(handles, tok):
 
 @pytest.mark.parametrize("decoder,params", [("contrastive_search", {}), ("contrastive", {}),
                                             ("contrastive", {"temperature": 0.7}), ("cfg", {}),
-                                            ("cfg", {"negative_prompt": "HAMLET:"}), ("dola", {})])
+                                            ("cfg", {"negative_prompt": "HAMLET:"}), ("dola", {}),
+                                            ("cad", {"separator": "\n"})])
 def test_traces_on_the_bundled_model_are_valid(decoder, params):
     trace = prepare(model="tiny-shakespeare", decoder=decoder, prompt="ROMEO:\nWhat say you?", max_new_tokens=6,
                     draft="tiny-shakespeare-draft" if decoder == "contrastive" else None, params=params).finish()
@@ -510,5 +561,5 @@ def test_traces_on_the_bundled_model_are_valid(decoder, params):
     assert d["output_ids"] == [t for s in d["steps"] for t in s["committed"]] and len(d["output_ids"]) == 6
     if decoder == "contrastive":
         assert d["stats"]["draft_forwards"] == 6 and d["stats"]["target_forwards"] == 6
-    if decoder == "cfg":
+    if decoder in ("cfg", "cad"):
         assert d["stats"]["target_forwards"] == 12
