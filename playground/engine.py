@@ -169,15 +169,17 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     if max_new_tokens > lim.max_new_tokens:
         raise PlaygroundError(f"max_new_tokens={max_new_tokens} is over this instance's limit of {lim.max_new_tokens}")
     lk = load_kwargs or {}
+    # Stop may come while a model loads: the wait ends at once (the load finishes in the background).
+    cancel = cancel or threading.Event()
     # The kind is checked from the config, before any weights are read.
-    handle = model if isinstance(model, ModelHandle) else load_model(model, **{"kind": cls.kind, **lk})
+    handle = model if isinstance(model, ModelHandle) else load_model(model, **{"kind": cls.kind, **lk}, cancel=cancel)
     if handle.kind != cls.kind:
         raise PlaygroundError(f"decoder {decoder!r} needs a {cls.kind} model, but {handle.name!r} is a {handle.kind} model")
     draft_handle: ModelHandle | None = None
     if cls.needs_draft:
         if draft is None:
             raise PlaygroundError(f"decoder {decoder!r} needs a draft model (--draft)")
-        draft_handle = draft if isinstance(draft, ModelHandle) else load_model(draft, **lk)
+        draft_handle = draft if isinstance(draft, ModelHandle) else load_model(draft, **lk, cancel=cancel)
         if draft_handle.kind != "causal":
             raise PlaygroundError(f"draft model {draft_handle.name!r} is a {draft_handle.kind} model; a draft must be causal")
         if not same_tokenizer(handle, draft_handle):
@@ -190,7 +192,7 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ctx = Context(target=target_view, draft=draft_view, prompt_ids=prompt_ids,
                   max_new_tokens=max_new_tokens, params=knobs, seed=int(seed),
                   stop_ids=stop_ids, stop_strings=list(stop or []), top_k_evidence=top_k_evidence,
-                  cancel=cancel or threading.Event())
+                  cancel=cancel)
     inst = cls()
     trace = Trace(model=handle.name, decoder=decoder, params=knobs, seed=int(seed), prompt=prompt,
                   prompt_ids=prompt_ids)
