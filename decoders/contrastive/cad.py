@@ -13,6 +13,12 @@ from playground.errors import PlaygroundError
 from playground.trace import Step
 
 
+def unescape(separator: str) -> str:
+    """The separator knob's text with ``\\n`` and ``\\t`` read as a newline and a tab (a
+    knob's text is typed on one line)."""
+    return separator.replace("\\n", "\n").replace("\\t", "\t")
+
+
 def split_prompt(view: Any, prompt_ids: list[int], separator: str) -> list[int]:
     """The question part's token ids: the prompt's text after the first ``separator``."""
     text = view.decode(prompt_ids)
@@ -50,7 +56,8 @@ class CAD(Decoder):
     kind = "causal"
     params = Params(
         alpha=Float(0.5, 0.0, 10.0, "how much the context's contribution is amplified (0 = the model alone)"),
-        separator=Text("\n\n", "the prompt's context ends at the first occurrence of this text; the question follows"),
+        separator=Text("\\n\\n", "the prompt's context ends at its first occurrence and the question follows "
+                                   "(write \\n for a newline, \\t for a tab)"),
         temperature=Float(0.0, 0.0, 10.0, "0 = greedy over the adjusted logits; else sample softmax(score / T)"),
     )
     reference = "Shi et al. 2023, Trusting Your Evidence: Hallucinate Less with Context-aware Decoding (NAACL 2024)"
@@ -59,7 +66,7 @@ class CAD(Decoder):
     def run(self, ctx: Context) -> Iterator[Step]:
         view = ctx.target
         alpha, temp = float(ctx.params["alpha"]), float(ctx.params["temperature"])
-        question = split_prompt(view, list(ctx.prompt_ids), str(ctx.params["separator"]))
+        question = split_prompt(view, list(ctx.prompt_ids), unescape(str(ctx.params["separator"])))
         without = ARState(view)
         evidence: dict[str, Any] = {}
 

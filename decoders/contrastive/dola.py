@@ -149,7 +149,7 @@ class Dola(Decoder):
         def pick(logits: torch.Tensor, pos: int, out: list[int]) -> tuple[torch.Tensor, int]:
             final_logits = logits.float()
             with torch.inference_mode():
-                h = torch.stack([hidden_view.hidden[j][0, -1] for j in layers])
+                h = torch.stack([hidden_view.hidden[j][0, -1].to(head.weight.device) for j in layers])
                 premature = head(h).float().to(final_logits.device)
             div = divergences(final_logits, premature)
             m = int(torch.argmax(div))
