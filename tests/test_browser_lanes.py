@@ -12,6 +12,7 @@ budget and a run beyond it is refused.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,22 @@ def pick_decoder(p, k: int, name: str) -> None:
     choose(p, f"lane-{k}-decoder", f"· {name}")
 
 
+def session_count(app: App) -> int:
+    from playground.store import Store
+
+    with Store(app.db) as store:
+        return store.count()
+
+
+def wait_saved(app: App, before: int, timeout_s: float = 180.0) -> None:
+    """Wait until a run started after ``before`` sessions were stored has been saved."""
+    deadline = time.monotonic() + timeout_s
+    while session_count(app) <= before:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no session was saved within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
 def newest_session(app: App) -> dict:
     from playground.store import Store
 
@@ -156,6 +173,11 @@ def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(p
     p.wait_for_function("() => { const e = document.querySelector('#inspect-1');"
                         " return e && getComputedStyle(e).display === 'none'; }")
     assert p.locator("#inspect-2").is_visible()
+    before = session_count(app)
+    p.click("#run")  # the focus outlasts a run, which shows every lane's inspector column again
+    wait_saved(app, before)  # the old status is red too: wait for this run's save, then for the page
+    wait_idle(p)
+    assert not p.locator("#inspect-1").is_visible() and p.locator("#inspect-2").is_visible()
     choose(p, "focus", "all lanes")
     p.locator("#inspect-1").wait_for(state="visible")
 

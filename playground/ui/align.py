@@ -20,20 +20,23 @@ from playground.ui import state as st
 from playground.ui.inspector import insp_header, slot_updates
 from playground.ui.layout import PageLayout
 
-# Hide every inspector column but the focused one (0: show all); plots re-fit on resize.
+# Hide every inspector column but the focused one (0: show all); plots re-fit on resize. The
+# rule lives in a style element keyed by the columns' ids, not in a class on them: Gradio
+# rewrites a column's classes whenever a run shows or hides it, and the focus must outlast that.
 FOCUS_JS = """
 (f) => {
   const v = Number(f) || 0;
-  if (!document.getElementById('pg-focus-style')) {
-    const s = document.createElement('style');
+  let s = document.getElementById('pg-focus-style');
+  if (!s) {
+    s = document.createElement('style');
     s.id = 'pg-focus-style';
-    s.textContent = '#inspector .pg-unfocused { display: none !important; }';
     document.head.appendChild(s);
   }
+  const others = [];
   document.querySelectorAll('#inspector .inspect-col').forEach((e) => {
-    const k = Number(e.id.replace('inspect-', ''));
-    e.classList.toggle('pg-unfocused', v > 0 && k !== v);
+    if (v > 0 && e.id !== 'inspect-' + v) others.push('#' + e.id);
   });
+  s.textContent = others.length ? others.join(', ') + ' { display: none !important; }' : '';
   setTimeout(() => window.dispatchEvent(new Event('resize')), 50);
   return [];
 }
