@@ -364,6 +364,19 @@ def test_lossy_rule_counts_tokens_that_differ_from_strict(varied, varied_draft):
     assert tr.stats["lossy_tokens"] == differ > 0
 
 
+@pytest.mark.parametrize("decoder", ["speculative", "spec_tree", "prompt_lookup"])
+@pytest.mark.parametrize("rule", ["fuzzy", "typical", "top_m", "entropy"])
+def test_lossy_rules_never_accept_a_token_the_chain_rules_out(varied, varied_draft, decoder, rule):
+    """Found by the fuzzer: ``fuzzy`` at its widest accepted drafted tokens that top_k had
+    removed. With top_k=1 only the target's argmax is allowed, so every rule gives greedy."""
+    loose = {"fuzzy_div": 0.7, "typical_eps": 0.0, "top_m": 100, "easd_entropy": 0.0, "easd_overlap": 0.0}
+    ref = run(varied, "greedy", PROMPTS[4], 16)
+    tr = run(varied, decoder, PROMPTS[4], 16, draft=varied_draft, temperature=1.0, top_k=1, accept=rule, **loose)
+    assert tr.output_ids == ref.output_ids
+    nodes = [n for s in tr.steps for n in s.evidence["tree"]["nodes"]]
+    assert any(n["accepted"] for n in nodes) and all(n["p"] > 0 for n in nodes if n["accepted"])
+
+
 def test_entropy_rule_runs_and_is_lossy(varied, varied_draft):
     tr = run(varied, "spec_tree", PROMPTS[0], 12, draft=varied_draft, temperature=1.0, accept="entropy",
              easd_entropy=0.5, easd_overlap=0.2)

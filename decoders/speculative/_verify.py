@@ -344,6 +344,8 @@ class Rule:
             kth = torch.topk(p_rule, m).values[-1]
             return True if float(p_rule[token]) >= float(kth) and float(p_rule[token]) > 0 else None
         if self.name == "fuzzy":
+            if float(p_rule[token]) <= 0:
+                return None  # a token the target's chain rules out (top-k, a banned n-gram) stays out
             q = q_rule if q_rule is not None else one_hot(token, p_rule)
             return True if js_divergence(p_rule, q) <= k["fuzzy_div"] else None
         if self.name == "entropy":
@@ -624,8 +626,9 @@ def tree_evidence(v: Verified) -> dict[str, Any]:
         ids[i] = len(nodes)
         info = v.node_info.get(i, {})
         node = {"id": ids[i], "parent": None if tree.parents[i] == ROOT else ids.get(tree.parents[i]),
-                "token": tree.tokens[i], "q": None if tree.q[i] is None else round(tree.q[i], 6),
-                "p": None if info.get("p") is None else round(info["p"], 6),
+                # six significant digits: a tiny probability must not read as 0 (ruled out)
+                "token": tree.tokens[i], "q": None if tree.q[i] is None else float(f"{tree.q[i]:.6g}"),
+                "p": None if info.get("p") is None else float(f"{info['p']:.6g}"),
                 "accept_prob": info.get("accept_prob"), "accepted": bool(info.get("accepted", False)),
                 "source": tree.sources[i]}
         if info.get("lossy"):
