@@ -492,7 +492,7 @@ def _check_hub(spec: str) -> None:
     except Exception as e:  # noqa: BLE001
         raise PlaygroundError(f"cannot use the Hugging Face hub for {spec!r}: {_first_line(e)}") from None
     if constants.HF_HUB_OFFLINE:
-        raise PlaygroundError(f"model {spec!r} is not in the local Hugging Face cache, and hub access is "
+        raise PlaygroundError(f"could not load {spec!r}: it is not in the local Hugging Face cache, and hub access is "
                               f"off (HF_HUB_OFFLINE is set): download it first or unset HF_HUB_OFFLINE")
     try:
         _within(_HUB_TIMEOUT, lambda: get_hf_file_metadata(hf_hub_url(spec, "config.json"), timeout=_HUB_TIMEOUT))
