@@ -122,6 +122,8 @@ def run_suite(args: argparse.Namespace) -> str:
     from playground.models import BUNDLED_DIR, handle_from_model, load_model
 
     n = 8 if args.quick else 128
+    if not args.threads:
+        torch.set_num_threads(1)  # both sides alike; on a shared machine extra threads mostly spin
     if not (BUNDLED_DIR / "tiny-shakespeare" / "config.json").exists():
         raise PlaygroundError("the overhead suite needs the bundled models; run `playground train-tiny` first")
     target = load_model("tiny-shakespeare")
