@@ -240,6 +240,25 @@ def test_fuzz_decoder_many(fuzz_models, decoder, data):
     _fuzz_body(fuzz_models, decoder, data)
 
 
+# What the fuzzer (or issue 10) found, replayed through the same property on every model set:
+# a chain that XTC emptied (NaN, then the last token id), a subnormal temperature (NaN), and
+# the fuzzy rule accepting a drafted token top_k had removed.
+REGRESSIONS = [
+    ("sample", {"top_k": 5, "xtc_threshold": 0.0, "xtc_probability": 1.0}),
+    ("min_p", {"temperature": 2.225073858507e-311}),
+    ("arithmetic", {"temperature": 8.680854130551293e-68}),
+    ("speculative", {"accept": "fuzzy", "fuzzy_div": 0.7, "top_k": 1, "temperature": 1.0}),
+    ("spec_tree", {"accept": "fuzzy", "fuzzy_div": 0.7, "top_k": 1, "temperature": 1.0}),
+]
+
+
+@pytest.mark.parametrize("decoder,knobs", REGRESSIONS)
+@pytest.mark.parametrize("which", ["bundled", "tiny", "gpt2"])
+def test_fuzz_regressions(fuzz_models, which, decoder, knobs):
+    for prompt in ("a", "ROMEO:"):
+        assert check_run(fuzz_models[which], decoder, knobs, prompt, MAX_NEW_TOKENS, seed=0) == "ok"
+
+
 def test_every_registered_decoder_is_fuzzed():
     assert set(DECODERS) == set(decoders.REGISTRY) and len(DECODERS) >= 30
 
