@@ -103,3 +103,11 @@ def test_screenshots_command_has_help(capsys):
 def test_screenshots_rejects_an_unknown_name(capsys):
     assert main(["screenshots", "--only", "nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_pages_own_figure_is_read_from_its_status_line():
+    from playground.bench._browser import seconds_in_status
+
+    assert seconds_in_status("Done in 4.8 s. Saved — press Share for a link.") == 4.8
+    assert seconds_in_status("Stopped in 12.0 s.") == 12.0
+    assert seconds_in_status("Running… 3 of 5 lanes still decoding (2.1 s)") is None
