@@ -111,11 +111,13 @@ def test_lane_buttons_stop_at_the_limits_disabled_and_say_so(page):
     top = page.max_lanes
     up = page.on_add(top - 1, "tiny-shakespeare", "")
     assert up[page.lane_count] == top and prop(up, page.add_btn, "interactive") is False
+    assert f"{top} lanes is the most" in text(up, page.status)  # why "+ Lane" is now disabled
     assert prop(up, page.remove_btn, "interactive") is True
     up = page.on_add(top, "tiny-shakespeare", "")
     assert up[page.lane_count] == top and f"{top} lanes is the most" in text(up, page.status)
     up = page.on_remove(3)
     assert up[page.lane_count] == 2 and prop(up, page.remove_btn, "interactive") is False
+    assert "Lane 3 removed" in text(up, page.status) and "at least 2 lanes" in text(up, page.status)
     assert prop(up, page.lanes[2].column, "visible") is False
     up = page.on_remove(2)
     assert up[page.lane_count] == 2 and "at least 2 lanes" in text(up, page.status)

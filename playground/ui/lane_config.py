@@ -214,7 +214,7 @@ class LaneConfigHandlers(PageLayout):
         up.update({ui.decoder: gr.update(value=cfg.decoder), ui.knobs: dict(cfg.params), ui.nonce: time.time_ns(),
                    ui.info: st.decoder_info_md(cfg.decoder, cfg.params), ui.model: st.SAME_MODEL,
                    ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
-                   self.status: status_html(f"Lane {n} added ({cfg.decoder}).")})
+                   self.status: status_html(f"Lane {n} added ({cfg.decoder})." + _limit_note(n, self.max_lanes))})
         return up
 
     def on_remove(self, n: int) -> dict[Any, Any]:
@@ -225,6 +225,8 @@ class LaneConfigHandlers(PageLayout):
         if note:
             gr.Info(note)
             up[self.status] = status_html(note)
+        else:
+            up[self.status] = status_html(f"Lane {n + 1} removed." + _limit_note(n, self.max_lanes))
         return up
 
     def on_decoder(self, decoder: str, page_model: str, lane_model: str, draft: str | None = None) -> list[Any]:
@@ -303,6 +305,15 @@ def _set_knob(name: str, spec: dict[str, Any], value: Any, knobs: dict[str, Any]
     new = {**(knobs or {}), name: value}
     err = st.knob_error(decoder, name, value) if st.decoder_spec(decoder) else None
     return new, st.decoder_info_md(decoder, new), gr.update(info=st.knob_info(spec, err) or None)
+
+
+def _limit_note(n: int, max_lanes: int) -> str:
+    """What the lane buttons can no longer do at ``n`` lanes (why one is now disabled)."""
+    if n >= max_lanes:
+        return f" {max_lanes} lanes is the most this page runs side by side."
+    if n <= st.MIN_LANES:
+        return f" A comparison needs at least {st.MIN_LANES} lanes."
+    return ""
 
 
 _WIDGETS: dict[str, Callable[..., Any]] = {
