@@ -169,6 +169,9 @@ def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(p
     # beam commits its tokens at the end, greedy one per step: the same position, different steps
     assert "step 3 of" in inspector_header(p, 1)
     assert "step 3 of" not in inspector_header(p, 2)
+    p.locator("#lane-1-output .tok").nth(5).click()  # a token click moves the position scrubber
+    p.wait_for_function("() => document.querySelector('#inspect-2-header').innerText.includes('token 5')")
+    assert p.locator("#position input[type=number]").input_value() == "5"
     choose(p, "focus", "Lane 2 only")
     p.wait_for_function("() => { const e = document.querySelector('#inspect-1');"
                         " return e && getComputedStyle(e).display === 'none'; }")

@@ -198,8 +198,16 @@ def test_lanes_align_by_token_position_or_by_step(page, tiny, db):
     assert f"step {beam[2]} of" in h2 and beam[2] != 2
     up = align.on_align(page, "step", traces)
     assert prop(up, page.step, "visible") is True and prop(up, page.position, "visible") is False
-    assert align.back_to_steps(page, "position")[page.align] == "step"
-    assert align.back_to_steps(page, "step") == {}
+    # a token click under position alignment moves the position scrubber to that token
+    up = align.at_position(page, traces, 4)
+    assert prop(up, page.position, "value") == 4 and "token 4" in text(up, page.lanes[1].insp_header)
+    class Click:  # what TOKEN_CLICK_JS sends: the token's step, lane and place in the output
+        _data = {"step": greedy[3], "lane": 1, "pos": 3}
+
+    up = page.on_token(traces, "position", Click(), None)
+    assert prop(up, page.position, "value") == 3 and "token 3" in text(up, page.lanes[0].insp_header)
+    up = page.on_token(traces, "step", Click(), None)
+    assert page.position not in up and "step 3 of" in text(up, page.lanes[0].insp_header)
     rng = align.position_range(page, traces)[page.position]
     assert rng["maximum"] == 5 and rng["value"] == 5
 

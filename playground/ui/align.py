@@ -82,11 +82,6 @@ def wire_align(page: PageLayout, demo: gr.Blocks) -> None:
     # A finished run (or an opened session) fills the traces: the position scrubber's range follows.
     page.traces.change(lambda traces: position_range(page, traces), [page.traces], [page.position],
                        show_progress="hidden")
-    # A token click jumps the step scrubber (InspectorHandlers.on_token) and draws every lane at
-    # that step, so the page shows step alignment again.
-    for ui in page.lanes:
-        ui.output.click(lambda mode: back_to_steps(page, mode), [page.align],
-                        [page.align, page.step, page.position], show_progress="hidden")
     page.focus.change(None, [page.focus], None, js=FOCUS_JS)
 
 
@@ -124,11 +119,10 @@ def on_position(page: PageLayout, pos: float, traces: list[dict[str, Any]] | Non
     return aligned_updates(page, list(traces or []), int(pos or 0), "position")
 
 
-def back_to_steps(page: PageLayout, mode: str) -> dict[Any, Any]:
-    """After a token click under position alignment, show the step scrubber it moved."""
-    if mode != "position":
-        return {}
-    return {page.align: "step", page.step: gr.update(visible=True), page.position: gr.update(visible=False)}
+def at_position(page: PageLayout, traces: list[dict[str, Any]], pos: int) -> dict[Any, Any]:
+    """A token at output position ``pos`` was clicked under position alignment: move the
+    position scrubber there and show every lane at the step that produced its token there."""
+    return {page.position: gr.update(value=pos), **aligned_updates(page, traces, pos, "position")}
 
 
 def aligned_updates(page: PageLayout, traces: list[dict[str, Any]], value: int, mode: str) -> dict[Any, Any]:

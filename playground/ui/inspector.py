@@ -42,7 +42,8 @@ class InspectorHandlers(PageLayout):
                         trigger_mode="always_last")
         self.step.change(None, [self.step], None, js=HIGHLIGHT_JS)
         for ui in self.lanes:
-            ui.output.click(self.on_token, [self.traces], self.step_outputs(), show_progress="hidden")
+            ui.output.click(self.on_token, [self.traces, self.align], self.step_outputs() + [self.position],
+                            show_progress="hidden")
         self.metric.change(self.on_metric, [self.metric, self.traces],
                            [c for ui in self.lanes for c in (ui.output, ui.legend, ui.stats)],
                            show_progress="hidden")
@@ -154,13 +155,19 @@ class InspectorHandlers(PageLayout):
         """The scrubber moved: redraw each lane's step plots (of the live run while one streams)."""
         return self.step_updates(_looked_at(request, traces, int(step or 0)), int(step or 0))
 
-    def on_token(self, traces: list[dict[str, Any]], evt: gr.EventData, request: gr.Request) -> dict[Any, Any]:
-        """A token was clicked: jump the scrubber to the step that produced it."""
+    def on_token(self, traces: list[dict[str, Any]], align: str, evt: gr.EventData,
+                 request: gr.Request) -> dict[Any, Any]:
+        """A token was clicked: jump the scrubber to the step that produced it (under token
+        position alignment, the position scrubber to its position)."""
         data = getattr(evt, "_data", None) or {}
         try:
             step = int(data.get("step"))
         except (TypeError, ValueError):
             return {}
+        if align == "position" and isinstance(data.get("pos"), int) and data["pos"] >= 0:
+            from playground.ui.align import at_position
+
+            return at_position(self, list(traces or []), data["pos"])
         return self.step_updates(_looked_at(request, traces, step), step)
 
 

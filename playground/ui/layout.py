@@ -27,7 +27,9 @@ element.addEventListener('click', (ev) => {
   if (!t || !element.contains(t)) return;
   const step = parseInt(t.dataset.step, 10);
   if (Number.isNaN(step)) return;
-  trigger('click', {step: step, lane: parseInt(t.dataset.lane || '0', 10)});
+  // pos: the token's place in this lane's output (the inspector's token-position alignment)
+  const pos = Array.prototype.indexOf.call(element.querySelectorAll('.tok'), t);
+  trigger('click', {step: step, lane: parseInt(t.dataset.lane || '0', 10), pos: pos});
 });
 """ + """
 // Follow the newest token unless the reader scrolled up. Every update replaces the output's
