@@ -18,6 +18,7 @@ from visualizers._common import empty_figure, kinds_in, pick_step, steps_of
 from visualizers.beam import beam_tree_figure
 from visualizers.canvas import canvas_html, commits_per_step_figure, position_metrics_figure, unmask_heatmap
 from visualizers.compare import divergence_html, progress_figure
+from visualizers.contrast import candidates_html, contrast_figure, contrast_run_figure, dola_figure, dola_run_figure
 from visualizers.dist import distribution_figure, timeline_figure
 from visualizers.jacobi import jacobi_grid_figure
 from visualizers.tokens import legend_html, stats_line, tokens_html
@@ -28,13 +29,21 @@ Plot = Union[go.Figure, str]
 # The plots of one step, by step kind: (title, function(trace, step), evidence field the
 # plot needs or None). A plot whose field the step lacks is left out.
 STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot], str | None]]] = {
-    "token": [("Distribution", distribution_figure, None)],
+    "token": [("Distribution", distribution_figure, None),
+              ("Paired distributions", contrast_figure, "contrast"),
+              ("Layer divergence", dola_figure, "dola"),
+              ("Candidates", candidates_html, "candidates")],
     "draft": [("Draft tree", draft_tree_figure, None), ("Correction distribution", distribution_figure, "correction_dist")],
     "denoise": [("Canvas", canvas_html, None), ("Per-position metrics", position_metrics_figure, None)],
     "beam": [("Beam tree", beam_tree_figure, None)],
     "jacobi": [("Jacobi grid", jacobi_grid_figure, None)],
 }
 MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
+# When a step has more plots than slots, a plot gives its slot up to one that shows what it
+# shows and more: the paired distributions' first row is the model's own distribution.
+YIELDS_TO = {"Distribution": "Paired distributions"}
+# Plot functions that return HTML (their fallback on a bug is an HTML note, not a figure).
+HTML_PLOTS: set[Callable[..., Any]] = {canvas_html, candidates_html}
 MAX_RUN_PLOTS = 4  # ... and this many for whole-run plots
 
 # Whole-run plots, by the step kinds a trace contains.
@@ -45,6 +54,11 @@ RUN_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figure]]]] = 
                 ("Confidence over steps", timeline_figure)],
     "beam": [("Beam scores", timeline_figure)],
     "jacobi": [("Jacobi convergence", timeline_figure)],
+}
+# Whole-run plots, by an evidence field some step of the trace carries (after the kinds' plots).
+RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figure]]]] = {
+    "contrast": [("Chosen token's rank", contrast_run_figure)],
+    "dola": [("Premature layer per step", dola_run_figure)],
 }
 
 
@@ -59,7 +73,7 @@ def _safe(title: str, fn: Callable[..., Plot], *args: Any) -> Plot:
         return fn(*args)
     except Exception as e:  # noqa: BLE001 - the inspector must never take the page down
         note = f"could not draw this plot: {type(e).__name__}"
-        if fn in (canvas_html,):
+        if fn in HTML_PLOTS:
             import html
 
             return f'<div class="note">{html.escape(note)}</div>'
@@ -74,9 +88,19 @@ def step_figures(trace: dict[str, Any], step: int) -> list[tuple[str, Plot]]:
     plots = STEP_PLOTS.get(str(s.get("kind")))
     if not plots:
         return [("Step", empty_figure(f"no plot for {s.get('kind')!r} steps yet", "Step"))]
-    out = [(title, _safe(title, fn, trace, i)) for title, fn, need in plots
-           if need is None or isinstance(s.get(need), dict)]
-    return out[:MAX_STEP_PLOTS]
+    chosen = [(title, fn) for title, fn, need in plots if need is None or _has(s, need)]
+    titles = [t for t, _ in chosen]
+    for t, better in YIELDS_TO.items():
+        if len(chosen) > MAX_STEP_PLOTS and t in titles and better in titles:
+            chosen = [c for c in chosen if c[0] != t]
+            titles.remove(t)
+    return [(title, _safe(title, fn, trace, i)) for title, fn in chosen[:MAX_STEP_PLOTS]]
+
+
+def _has(step: dict[str, Any], field: str) -> bool:
+    """Whether a step carries evidence ``field`` a plot can draw (a dict, or a non-empty list)."""
+    v = step.get(field)
+    return isinstance(v, dict) or (isinstance(v, list) and len(v) > 0)
 
 
 def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
@@ -92,6 +116,14 @@ def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
                 continue
             seen.add(fn)
             out.append((title, _safe(title, fn, trace)))
+    steps = steps_of(trace)
+    for field, plots in RUN_EVIDENCE_PLOTS.items():
+        if not any(_has(s, field) for s in steps):
+            continue
+        for title, fn in plots:
+            if fn not in seen:
+                seen.add(fn)
+                out.append((title, _safe(title, fn, trace)))
     return out[:MAX_RUN_PLOTS] or [("Run", empty_figure("no whole-run plot for this trace", "Run"))]
 
 
@@ -103,4 +135,5 @@ __all__ = [
     "canvas_html", "unmask_heatmap", "position_metrics_figure", "commits_per_step_figure",
     "beam_tree_figure", "jacobi_grid_figure",
     "progress_figure", "divergence_html",
+    "contrast_figure", "contrast_run_figure", "candidates_html", "dola_figure", "dola_run_figure",
 ]
