@@ -166,6 +166,9 @@ def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(p
     assert not p.locator("#step").is_visible()
     set_number(p, "#position input[type=number]", "3")
     p.wait_for_function("() => document.querySelector('#inspect-2-header').innerText.includes('token 3')")
+    # the token at that position is outlined in every lane
+    p.wait_for_function("() => [1, 2].every((k) => { const t = document.querySelectorAll("
+                        "'#lane-' + k + '-output .tok')[3]; return t && t.classList.contains('cur-step'); })")
     # beam commits its tokens at the end, greedy one per step: the same position, different steps
     assert "step 3 of" in inspector_header(p, 1)
     assert "step 3 of" not in inspector_header(p, 2)

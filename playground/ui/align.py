@@ -44,7 +44,8 @@ FOCUS_JS = """
 
 # Under position alignment, outline the token at that position in every lane.
 POSITION_HIGHLIGHT_JS = """
-(p) => {
+(p, mode) => {
+  if (mode !== 'position') return [];  // the step scrubber's own highlight is in charge
   const v = Math.trunc(Number(p));
   document.querySelectorAll('.tok.cur-step').forEach((e) => e.classList.remove('cur-step'));
   if (Number.isFinite(v)) {
@@ -78,7 +79,7 @@ def wire_align(page: PageLayout, demo: gr.Blocks) -> None:
                      outs + [page.step, page.position], show_progress="hidden")
     page.position.input(lambda pos, traces: on_position(page, pos, traces), [page.position, page.traces],
                         outs, show_progress="hidden", trigger_mode="always_last")
-    page.position.change(None, [page.position], None, js=POSITION_HIGHLIGHT_JS)
+    page.position.change(None, [page.position, page.align], None, js=POSITION_HIGHLIGHT_JS)
     # A finished run (or an opened session) fills the traces: the position scrubber's range follows.
     page.traces.change(lambda traces: position_range(page, traces), [page.traces], [page.position],
                        show_progress="hidden")
