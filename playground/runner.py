@@ -16,8 +16,9 @@ every lane within one step and keeps what each produced. A lane that raises
 :class:`PlaygroundError` ends with its one-line error while the others carry on.
 
 :meth:`Runner.start` runs the same loop in a worker thread of its own, so decoding never
-waits for whoever shows the lanes: the worker publishes snapshots at most ``rate`` times
-per second and :meth:`Runner.latest` / :meth:`Runner.wait` read them. Lanes given as
+waits for whoever shows the lanes: the worker publishes a snapshot at the first step boundary
+after a reader asks for one (:meth:`Runner.wait`), and at least ``rate`` times per second;
+:meth:`Runner.latest` reads the newest. Lanes given as
 ``Lane(prepare=...)`` are prepared (models loaded) each in its own thread; a lane starts
 stepping as soon as it is ready, so one lane's slow or failing draft never delays the
 others, and :meth:`Runner.cancel` abandons preparations still pending. The worker also ends
@@ -187,6 +188,7 @@ class Runner:
         self._version = 0
         self._published: list[dict[str, Any]] | None = None
         self._finished = threading.Event()
+        self._want = threading.Event()  # a reader waits: publish at the next step boundary
         self._thread: threading.Thread | None = None
         self._read_at = time.monotonic()
 
@@ -323,6 +325,8 @@ class Runner:
         """Wait up to ``timeout`` s for a publish newer than ``version``; True if there is one."""
         with self._cond:
             self._read_at = time.monotonic()
+            if self._version <= version:
+                self._want.set()
             return self._cond.wait_for(lambda: self._version > version or self._finished.is_set(), timeout) \
                 and self._version > version
 
@@ -331,6 +335,7 @@ class Runner:
         return self._finished.wait(timeout)
 
     def _publish(self) -> None:
+        self._want.clear()
         snaps = self.snapshots()
         with self._cond:
             self._published = snaps
@@ -360,12 +365,14 @@ class Runner:
                         break
                     with self._cond:  # wait for a lane to be prepared, or for Stop
                         self._cond.wait(0.05)
-                    if not self._cancel.is_set() and self.clock() - last >= self.interval:
+                    if not self._cancel.is_set() and (self._want.is_set() or self.clock() - last >= self.interval):
                         last = self.clock()
                         self._publish()  # show lanes whose preparation failed at once
                     continue
                 now = self.clock()
-                if now - last >= self.interval:
+                # On demand (a reader is waiting: it gets the lanes one step old at most) and at
+                # least ``rate`` times per second; never for nobody in between.
+                if self._want.is_set() or now - last >= self.interval:
                     last = now
                     self._publish()
         except BaseException:  # noqa: BLE001 - a bug in the worker must end the comparison, not hang it

@@ -34,6 +34,7 @@ from playground.ui.layout import PageLayout
 log = logging.getLogger(__name__)
 
 STREAM_RATE = 12.0  # page frames per second at most while lanes stream (0: every publish)
+FLOOR_RATE = 2.0  # the worker's own publishing rate; the page's reads ask for the rest
 JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops within one step)
 
 # Stop buttons reach the running comparison through this registry (session hash -> runner):
@@ -238,7 +239,7 @@ def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int
 
     runner = Runner([Lane(label=cfg.decoder, prepare=_preparer(cfg, model, prompt, seed, max_new_tokens),
                           stub=pending_trace(cfg.decoder, cfg.model or model, prompt, cfg.params, seed))
-                     for cfg in lanes], policy=policy, rate=STREAM_RATE)
+                     for cfg in lanes], policy=policy, rate=FLOOR_RATE if STREAM_RATE > 0 else 0)
     with _RUNNERS_LOCK:
         old = _RUNNERS.get(key)
         if old is not None and not old.finished:
