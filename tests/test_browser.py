@@ -118,7 +118,8 @@ RECORD_JS = """
     const out = document.querySelector('#lane-' + k + '-output');
     const stats = document.querySelector('#lane-' + k + '-stats');
     const rec = () => window.__hist[k].push([out.querySelectorAll('.tok').length,
-      /tokens/.test(stats.innerText) && /^Running/.test(document.querySelector('#status').innerText.trim())]);
+      /tokens/.test(stats.innerText) && /^Running/.test(document.querySelector('#status').innerText.trim()),
+      Math.round(out.getBoundingClientRect().height)]);
     new MutationObserver(rec).observe(out, {childList: true, subtree: true});
     new MutationObserver(rec).observe(stats, {childList: true, subtree: true, characterData: true});
   }
@@ -145,11 +146,13 @@ def test_three_lane_preset_streams_and_the_inspector_follows(page, apps):
     wait_idle(p)
     hist = p.evaluate("() => window.__hist")
     for k in ("1", "2", "3"):
-        partial = sorted({c for c, _ in hist[k] if 0 < c < 48})
+        partial = sorted({c for c, _, _ in hist[k] if 0 < c < 48})
+        heights = {h for c, _, h in hist[k] if 0 < c}
+        assert len(heights) == 1, f"lane {k}: its output box changed height while it grew ({sorted(heights)})"
         assert len(partial) >= 2, f"lane {k}: its text did not grow step by step (counts seen: {partial})"
         assert token_count(p, int(k)) > 0
         assert "target forwards" in p.locator(f"#lane-{k}-stats").inner_text()
-    stats_live = any(live and 0 < c < 48 for c, live in hist["1"])
+    stats_live = any(live and 0 < c < 48 for c, live, _ in hist["1"])
     assert stats_live, "the stats line did not fill in while running"
     assert "Saved" in p.locator("#status").inner_text()
     from playground.store import Store
