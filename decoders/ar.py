@@ -25,19 +25,23 @@ class ARState:
         self.view = view
         self.cache = view.new_cache()
         self.ids: list[int] = []
+        # the hidden states of the last forward, when it was asked for them (hidden_states=True)
+        self.hidden: tuple[torch.Tensor, ...] | None = None
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:
         """Run the prompt; return the last position's logits (1-D, float32)."""
-        return self.advance(ids)
+        return self.advance(ids, **kw)
 
-    def advance(self, ids: Sequence[int]) -> torch.Tensor:
+    def advance(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:
         """Feed ``ids`` after what the cache holds; return the last position's logits."""
-        return self.advance_all(ids)[-1]
+        return self.advance_all(ids, **kw)[-1]
 
     def advance_all(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:
-        """Feed ``ids``; return logits for every fed position, shape (len(ids), V)."""
+        """Feed ``ids``; return logits for every fed position, shape (len(ids), V). Extra
+        keywords go to the view's forward (``hidden_states=True`` keeps them in ``hidden``)."""
         out = self.view.forward(list(ids), cache=self.cache, **kw)
         self.cache = out.cache
+        self.hidden = out.hidden_states
         self.ids.extend(int(i) for i in ids)
         return out.logits[0]
 
@@ -167,26 +171,70 @@ def view_token(view: Any, token_id: int) -> str:
 Picker = Callable[[torch.Tensor, int, list[int]], "tuple[torch.Tensor, int]"]
 
 
+LENS_TOP = 5  # tokens the logit lens records per layer
+
+
+def lens_evidence(view: Any, hidden: Sequence[torch.Tensor] | None, logits: torch.Tensor, chosen: int,
+                  k: int = LENS_TOP) -> dict[str, Any]:
+    """The ``lens`` field of a token step: what each layer's hidden state predicts.
+
+    ``hidden`` are the forward's hidden states (embeddings, then after each decoder layer);
+    each but the last goes through the model's final norm and LM head at the last position
+    (``view.lm_head``: no forward, nothing counted). The last entry is the forward's own
+    ``logits``: transformers returns the last hidden state already normed, and the final
+    layer through the norm and head *is* the model's output, so the lens ends exactly on the
+    step's raw distribution. Records per layer the top ``k`` tokens and their probabilities,
+    and the chosen token's probability and rank.
+    """
+    if not hidden:
+        raise PlaygroundError(f"model {getattr(view, 'name', '?')!r} returns no hidden states; "
+                              "the logit lens needs them (set logit_lens=false)")
+    rows = [torch.softmax(logits.float().reshape(-1), -1)]
+    if len(hidden) > 1:
+        inner = view.lm_head(torch.stack([h[0, -1] for h in hidden[:-1]]))
+        rows = list(torch.softmax(inner.float().to(rows[0].device), -1)) + rows
+    probs = torch.stack(rows)
+    top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+    p_chosen = probs[:, int(chosen)]
+    return {
+        "layers": list(range(len(probs))),
+        "top_ids": top.indices.tolist(),
+        "top_tokens": [[view_token(view, t) for t in row] for row in top.indices.tolist()],
+        "top_probs": [[round(float(p), 6) for p in row] for row in top.values],
+        "chosen": int(chosen),
+        "chosen_probs": [round(float(p), 6) for p in p_chosen],
+        # rank = how many tokens are strictly more probable (0 = top), as dist_evidence counts it
+        "chosen_ranks": (probs > p_chosen[:, None]).sum(-1).tolist(),
+    }
+
+
 def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
     """The plain autoregressive loop: one forward, one token, one ``token`` step.
 
     ``pick(raw_logits, position, output_so_far) -> (final_probs, token)`` is the rule that
-    makes each decoder what it is. Sets ``decoder.finish_reason``.
+    makes each decoder what it is. Sets ``decoder.finish_reason``. With the ``logit_lens``
+    knob on, the same forwards also return their hidden states and every step records
+    :func:`lens_evidence` under ``lens`` (no extra forward).
     """
+    lens = bool(ctx.params.get("logit_lens", False))
+    kw: dict[str, Any] = {"hidden_states": True} if lens else {}
     state = ARState(ctx.target)
-    logits = state.prefill(ctx.prompt_ids)
+    logits = state.prefill(ctx.prompt_ids, **kw)
     out: list[int] = []
     for pos in range(ctx.max_new_tokens):
         ctx.check_cancel()
         final, tok = pick(logits, pos, out)
-        yield Step("token", [tok], dist=dist_evidence(ctx.target, logits, final, tok, ctx.top_k_evidence))
+        ev: dict[str, Any] = {"dist": dist_evidence(ctx.target, logits, final, tok, ctx.top_k_evidence)}
+        if lens:
+            ev["lens"] = lens_evidence(ctx.target, state.hidden, logits, tok)
+        yield Step("token", [tok], **ev)
         out.append(tok)
         reason = check_stop(ctx, out, ctx.target.decode)
         if reason:
             decoder.finish_reason = reason
             return
         if pos + 1 < ctx.max_new_tokens:
-            logits = state.advance([tok])
+            logits = state.advance([tok], **kw)
     decoder.finish_reason = "length"
 
 

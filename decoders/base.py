@@ -166,6 +166,12 @@ class Text(Param):
         return d
 
 
+def lens_param() -> Bool:
+    """The ``logit_lens`` knob of the token-step decoders (see :func:`decoders.ar.lens_evidence`)."""
+    return Bool(False, "logit lens: record, at every step, the top tokens each layer's hidden state "
+                       "gives through the final norm and LM head (no extra forward)")
+
+
 class Params(dict):
     """An ordered mapping knob name -> :class:`Param` (``Params(p=Float(...), ...)``)."""
 
@@ -328,5 +334,5 @@ def check_stop(ctx: Context, output: list[int], decode: Any = None) -> str | Non
 
 __all__ = [
     "Bool", "Cancelled", "Choice", "Context", "Decoder", "Float", "Int", "Param", "Params",
-    "PlaygroundError", "REGISTRY", "Text", "all_decoders", "check_stop", "get_decoder", "register",
+    "PlaygroundError", "REGISTRY", "Text", "all_decoders", "check_stop", "get_decoder", "lens_param", "register",
 ]

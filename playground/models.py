@@ -144,12 +144,29 @@ class ModelHandle:
         raise PlaygroundError(f"model {self.name!r}: cannot find its decoder layers for an early exit")
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Project hidden states through the final norm and LM head (for early-exit drafts)."""
+        """Project hidden states through the final norm and LM head (early-exit drafts, the
+        logit lens); float32 logits. Not a forward pass: nothing is counted."""
         with self.lock, torch.inference_mode():
-            inner = getattr(self.model, "model", None)
-            norm = getattr(inner, "norm", None)
-            h = norm(hidden) if norm is not None else hidden
-            return self.model.get_output_embeddings()(h).float()
+            norm = self.final_norm()
+            head = self.model.get_output_embeddings()
+            h = hidden.to(head.weight.device)
+            h = norm(h.to(next(norm.parameters(), h).device)).to(head.weight.device) if norm is not None else h
+            return head(h).float()
+
+    def final_norm(self) -> torch.nn.Module | None:
+        """The norm the model applies before its LM head (None if it has none we know of).
+
+        Found by the names transformers uses: ``norm`` (Llama, Mistral, Qwen, ...), ``ln_f``
+        (GPT-2, GPT-J, Bloom), ``final_layer_norm`` (GPT-NeoX; OPT under ``decoder``),
+        ``norm_f``/``final_norm``; on the base model, so GPT-2's ``transformer`` counts too.
+        """
+        base = getattr(self.model, "base_model", None) or self.model
+        for owner in (base, getattr(base, "decoder", None)):
+            for attr in ("norm", "ln_f", "final_layer_norm", "norm_f", "final_norm"):
+                mod = getattr(owner, attr, None) if owner is not None else None
+                if isinstance(mod, torch.nn.Module):
+                    return mod
+        return None
 
     # ------------------------------------------------------------------ caches
     def new_cache(self) -> Any:

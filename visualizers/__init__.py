@@ -21,6 +21,7 @@ from visualizers.compare import divergence_html, progress_figure
 from visualizers.contrast import candidates_html, contrast_figure, contrast_run_figure, dola_figure, dola_run_figure
 from visualizers.dist import distribution_figure, timeline_figure
 from visualizers.jacobi import jacobi_grid_figure
+from visualizers.lens import lens_figure, lens_run_figure
 from visualizers.tokens import legend_html, stats_line, tokens_html
 from visualizers.tree import accepted_length_histogram, acceptance_timeline, draft_tree_figure
 
@@ -32,7 +33,8 @@ STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot], str
     "token": [("Distribution", distribution_figure, None),
               ("Paired distributions", contrast_figure, "contrast"),
               ("Layer divergence", dola_figure, "dola"),
-              ("Candidates", candidates_html, "candidates")],
+              ("Candidates", candidates_html, "candidates"),
+              ("Logit lens", lens_figure, "lens")],
     "draft": [("Draft tree", draft_tree_figure, None), ("Correction distribution", distribution_figure, "correction_dist")],
     "denoise": [("Canvas", canvas_html, None), ("Per-position metrics", position_metrics_figure, None)],
     "beam": [("Beam tree", beam_tree_figure, None)],
@@ -59,6 +61,7 @@ RUN_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figure]]]] = 
 RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figure]]]] = {
     "contrast": [("Chosen token's rank", contrast_run_figure)],
     "dola": [("Premature layer per step", dola_run_figure)],
+    "lens": [("Logit lens over the run", lens_run_figure)],
 }
 
 
@@ -136,4 +139,5 @@ __all__ = [
     "beam_tree_figure", "jacobi_grid_figure",
     "progress_figure", "divergence_html",
     "contrast_figure", "contrast_run_figure", "candidates_html", "dola_figure", "dola_run_figure",
+    "lens_figure", "lens_run_figure",
 ]

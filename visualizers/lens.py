@@ -1,0 +1,150 @@
+"""The logit lens: what every layer's hidden state predicts, through the final norm and LM head.
+
+A token step run with ``logit_lens=true`` records ``lens``: per layer (0 = the embeddings,
+the last = the model's output) the top tokens and their probabilities, and the chosen
+token's probability and rank. ``lens_figure`` draws one step as a layers × top-rank heatmap
+(cells coloured by probability, labelled with the token, the chosen token outlined);
+``lens_run_figure`` draws the run as a layers × step heatmap of the chosen token's
+probability, so one sees at which depth each output token emerges.
+
+Like every visualizer these accept partial traces and return a figure with a note instead of
+raising; token text is escaped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+
+from visualizers._common import (
+    CHOSEN, at, base_layout, empty_figure, fmt, ints, num, pick_step, plot_text, steps_of, token_text, visible,
+)
+
+
+def layer_name(layer: int, last: int) -> str:
+    """Axis label of a hidden-state index: the embeddings, a layer, or the output."""
+    if layer == 0:
+        return "emb"
+    return f"{layer} (out)" if layer == last else str(layer)
+
+
+def _rows(lens: dict[str, Any]) -> tuple[list[int], list[list[int]], list[list[float | None]]]:
+    """(layers, top ids per layer, top probabilities per layer), malformed rows dropped."""
+    layers = ints(lens.get("layers"))
+    ids = lens.get("top_ids") if isinstance(lens.get("top_ids"), list) else []
+    probs = lens.get("top_probs") if isinstance(lens.get("top_probs"), list) else []
+    out_l, out_i, out_p = [], [], []
+    for r, lay in enumerate(layers):
+        row = ints(at(ids, r))
+        if not row:
+            continue
+        ps = at(probs, r)
+        out_l.append(lay)
+        out_i.append(row)
+        out_p.append([num(at(ps, j)) for j in range(len(row))])
+    return out_l, out_i, out_p
+
+
+def _short(s: str, n: int = 8) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def lens_figure(trace: dict[str, Any], step: int) -> go.Figure:
+    """One step's logit lens: layers (rows, embeddings at the bottom) × top rank (columns),
+    each cell the token that layer ranks there and its probability; the chosen token's cells
+    outlined."""
+    title = "Logit lens"
+    i, s = pick_step(trace, step)
+    if s is None:
+        return empty_figure("no steps yet", title)
+    lens = s.get("lens")
+    if not isinstance(lens, dict):
+        return empty_figure(f"step {i} has no logit lens (run with logit_lens=true)", title)
+    layers, ids, probs = _rows(lens)
+    if not layers:
+        return empty_figure(f"step {i} has no lens rows", title)
+    k = max(len(r) for r in ids)
+    last = max(layers)
+    ys = [layer_name(lay, last) for lay in layers]
+    xs = [f"top {j + 1}" for j in range(k)]
+    z = [[(p[j] if j < len(p) and p[j] is not None else math.nan) for j in range(k)] for p in probs]
+    text, hover = [], []
+    chosen = lens.get("chosen")
+    cp = lens.get("chosen_probs")
+    cr = lens.get("chosen_ranks")
+    cx, cy = [], []
+    all_layers = ints(lens.get("layers"))
+    for r, (lay, row, p) in enumerate(zip(layers, ids, probs)):
+        o = all_layers.index(lay)  # the row's index in the evidence (malformed rows were dropped)
+        trow, hrow = [], []
+        for j in range(k):
+            t = at(row, j)
+            if t is None:
+                trow.append("")
+                hrow.append("")
+                continue
+            txt = visible(token_text(trace, t))
+            trow.append(plot_text(_short(txt)))
+            hrow.append(f"layer {plot_text(ys[r])} · top {j + 1}<br><b>{plot_text(txt)}</b> (#{t}) · p = {fmt(at(p, j), 4)}"
+                        f"<br>chosen token here: p = {fmt(at(cp, o), 4)} · rank {at(cr, o) if at(cr, o) is not None else '–'}")
+            if t == chosen:
+                cx.append(xs[j])
+                cy.append(ys[r])
+        text.append(trow)
+        hover.append(hrow)
+    fig = go.Figure()
+    fig.add_heatmap(x=xs, y=ys, z=z, text=text, texttemplate="%{text}", textfont={"size": 10},
+                    hovertext=hover, hoverinfo="text", colorscale="Viridis", zmin=0, zmax=1,
+                    name="probability", colorbar={"title": {"text": "p", "side": "right"}, "thickness": 12, "len": 0.85})
+    if cx:
+        fig.add_scatter(x=cx, y=cy, mode="markers", name="chosen token", hoverinfo="skip",
+                        marker={"symbol": "square-open", "size": 30, "color": CHOSEN, "line": {"width": 3}})
+    notes = [f"chosen ‘{visible(token_text(trace, chosen))}’" if chosen is not None else ""]
+    final_top = ids[-1][0]
+    since = len(layers) - 1
+    while since > 0 and ids[since - 1][0] == final_top:
+        since -= 1
+    notes.append(f"the output's top-1 leads from layer {ys[since]} on")
+    base_layout(fig, f"{title} · step {i}", subtitle=plot_text(" · ".join(n for n in notes if n)),
+                xaxis={"title": "rank under the layer", "side": "bottom"},
+                yaxis={"title": "layer (emb = embeddings)", "type": "category"})
+    return fig
+
+
+def lens_run_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
+    """The run through the lens: layers × step, each cell the probability the layer gives the
+    token that step chose."""
+    title = "Logit lens over the run"
+    xs, cols, toks = [], [], []
+    depth = 0
+    for s in steps_of(trace):
+        lens = s.get("lens")
+        if s.get("kind") != "token" or not isinstance(lens, dict):
+            continue
+        layers = ints(lens.get("layers"))
+        ps = lens.get("chosen_probs")
+        xs.append(s.get("i", len(xs)))
+        cols.append({lay: num(at(ps, r)) for r, lay in enumerate(layers)})
+        toks.append(lens.get("chosen"))
+        depth = max([depth] + [lay + 1 for lay in layers])
+    if not xs:
+        return empty_figure("no logit lens in this trace (run with logit_lens=true)", title)
+    ys = list(range(depth))
+    names = [layer_name(lay, depth - 1) for lay in ys]
+    z = [[c.get(lay) if c.get(lay) is not None else math.nan for c in cols] for lay in ys]
+    hover = [[f"step {x} · layer {plot_text(names[lay])}<br><b>{plot_text(visible(token_text(trace, t)))}</b>"
+              f" · p = {fmt(c.get(lay), 4)}" for x, c, t in zip(xs, cols, toks)] for lay in ys]
+    fig = go.Figure()
+    fig.add_heatmap(x=xs, y=names, z=z, hovertext=hover, hoverinfo="text", colorscale="Viridis", zmin=0, zmax=1,
+                    name="p(chosen)", colorbar={"title": {"text": "p(chosen)", "side": "right"}, "thickness": 12,
+                                                "len": 0.85})
+    base_layout(fig, f"{title} · p(chosen token) per layer", xaxis_title="step",
+                yaxis={"title": "layer (emb = embeddings)", "type": "category"})
+    if step is not None and isinstance(step, int):
+        fig.add_vline(x=step, line={"color": CHOSEN, "width": 1, "dash": "dot"})
+    return fig
+
+
+__all__ = ["lens_figure", "lens_run_figure", "layer_name"]
