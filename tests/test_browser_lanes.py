@@ -118,7 +118,7 @@ def test_a_hand_picked_decoder_gets_its_knobs_and_the_value_set_is_the_value_run
     p = page
     load_preset(p, PRESET)
     open_settings(p, 1)
-    assert p.locator("#lane-1-knobs").count() == 0  # greedy has no knobs
+    assert p.locator("#lane-1-knob-p").count() == 0  # greedy has no p
     pick_decoder(p, 1, "top_p")
     knob = p.locator("#lane-1-knob-p input[type=number]")
     knob.wait_for(state="visible", timeout=30_000)
