@@ -151,3 +151,13 @@ def test_the_view_escapes_token_text_and_survives_partial_evidence():
         for p in (lens_figure(t2, 0), lens_run_figure(t2)):
             assert isinstance(p, go.Figure) and "could not draw" not in p.to_json()
     assert "no steps yet" in lens_figure({"steps": []}, 0).to_json()
+
+
+def test_a_deep_model_gets_a_taller_view_with_one_row_per_layer():
+    n = 33
+    lens = {"layers": list(range(n)), "top_ids": [[5, 6]] * n, "top_probs": [[0.6, 0.4]] * n, "chosen": 6,
+            "chosen_probs": [0.4] * n, "chosen_ranks": [1] * n}
+    tr = {"tokens": {"5": "x", "6": "y"}, "steps": [{"i": 0, "kind": "token", "committed": [6], "lens": lens}]}
+    for f in (lens_figure(tr, 0), lens_run_figure(tr)):
+        assert len(f.data[0].y) == n and f.data[0].y[-1] == "32 (out)"
+        assert f.layout.height >= 18 * n

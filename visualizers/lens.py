@@ -19,8 +19,14 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import (
-    CHOSEN, at, base_layout, empty_figure, fmt, ints, num, pick_step, plot_text, steps_of, token_text, visible,
+    CHOSEN, HEIGHT, at, base_layout, empty_figure, fmt, ints, num, pick_step, plot_text, steps_of, token_text, visible,
 )
+
+
+def lens_height(rows: int) -> int:
+    """Figure height for ``rows`` layers: the shared height, taller for deep models so each
+    row keeps room for its token labels."""
+    return max(HEIGHT, 160 + 18 * rows)
 
 
 def layer_name(layer: int, last: int) -> str:
@@ -107,7 +113,7 @@ def lens_figure(trace: dict[str, Any], step: int) -> go.Figure:
     while since > 0 and ids[since - 1][0] == final_top:
         since -= 1
     notes.append(f"the output's top-1 leads from layer {ys[since]} on")
-    base_layout(fig, f"{title} · step {i}", subtitle=plot_text(" · ".join(n for n in notes if n)),
+    base_layout(fig, f"{title} · step {i}", subtitle=plot_text(" · ".join(n for n in notes if n)), height=lens_height(len(ys)),
                 xaxis={"title": "rank under the layer", "side": "bottom"},
                 yaxis={"title": "layer (emb = embeddings)", "type": "category"})
     return fig
@@ -140,7 +146,7 @@ def lens_run_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure
     fig.add_heatmap(x=xs, y=names, z=z, hovertext=hover, hoverinfo="text", colorscale="Viridis", zmin=0, zmax=1,
                     name="p(chosen)", colorbar={"title": {"text": "p(chosen)", "side": "right"}, "thickness": 12,
                                                 "len": 0.85})
-    base_layout(fig, f"{title} · p(chosen token) per layer", xaxis_title="step",
+    base_layout(fig, f"{title} · p(chosen token) per layer", xaxis_title="step", height=lens_height(len(ys)),
                 yaxis={"title": "layer (emb = embeddings)", "type": "category"})
     if step is not None and isinstance(step, int):
         fig.add_vline(x=step, line={"color": CHOSEN, "width": 1, "dash": "dot"})
