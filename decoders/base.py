@@ -8,6 +8,7 @@ come from it.
 
 from __future__ import annotations
 
+import math
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -84,7 +85,7 @@ class Int(Param):
             f = float(value)
         except (TypeError, ValueError):
             raise PlaygroundError(f"knob {name!r} must be an integer, got {value!r}") from None
-        if f != int(f):
+        if not math.isfinite(f) or f != int(f):
             raise PlaygroundError(f"knob {name!r} must be an integer, got {value!r}")
         v = int(f)
         if not (self.lo <= v <= self.hi):

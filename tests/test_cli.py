@@ -68,6 +68,10 @@ def test_generate_json(capsys, llama_dir):
     (["--max-new-tokens", "abc"], ["invalid int"]),
     (["--max-new-tokens", "1000"], ["exceeds the context"]),
     (["--param", "noequals"], ["NAME=VALUE"]),
+    (["--decoder", "top_k", "--param", "k=inf"], ["'k' must be an integer"]),
+    (["--decoder", "top_k", "--param", "k=nan"], ["'k' must be an integer"]),
+    (["--decoder", "top_k", "--param", "k=2.5"], ["'k' must be an integer"]),
+    (["--decoder", "top_k", "--param", "k=0"], ["out of range"]),
 ])
 def test_generate_bad_input(capsys, llama_dir, argv, needles):
     base = ["generate", "--model", llama_dir, "--prompt", "ROMEO:", "--max-new-tokens", "4"]
