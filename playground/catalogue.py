@@ -20,6 +20,12 @@ SHOWS = {
     "jacobi": "the Jacobi window at every iteration (guesses and converged prefix)",
 }
 
+# What a family's steps record beyond their step kind's evidence.
+FAMILY_SHOWS = {
+    "contrastive": "; plus the paired distributions behind the contrast (`contrast`: which tokens it moved), "
+                   "the candidate table of contrastive search and DoLa's per-layer divergence",
+}
+
 FAMILIES = {
     "sampling": "Sampling: one composable processor chain",
     "search": "Search",
@@ -65,7 +71,7 @@ def render() -> str:
                     f"- paper: {c.reference}", f"- kind: `{c.kind}`"
                     + (" — needs a draft model" if c.needs_draft else "")
                     + (" — lossless (output distribution equals the target's)" if c.lossless else ""),
-                    f"- shows: {SHOWS.get(c.step_kind, c.step_kind)}", ""]
+                    f"- shows: {SHOWS.get(c.step_kind, c.step_kind)}{FAMILY_SHOWS.get(c.family, '')}", ""]
             if doc:
                 out += [doc, ""]
             if spec["params"]:
