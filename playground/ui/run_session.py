@@ -169,6 +169,12 @@ class RunSession(PageLayout):
             stream.close()  # the page went away (or an error): the worker must not run on
             _SELECTED.pop(key, None)
         stopped = runner is not None and runner.cancelled
+        if traces:
+            # The lanes' final text and stats at once (Stop visibly took effect); saving and
+            # drawing every plot take longer and follow in the last frame.
+            yield {**self.live_updates(traces, metric, shown),
+                   self.status: status_html(f"{'Stopped' if stopped else 'Finishing'} — saving and drawing "
+                                            f"every plot…")}
         sid, saved = None, ""
         if traces and any(t.get("steps") for t in traces):
             try:
