@@ -2,68 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from playground.bench._browser import CHROMIUM, CHROMIUM_ARGS, App, free_port  # noqa: F401 - one app launcher
+
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = os.environ.get("PLAYGROUND_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class App:
-    """The app running in a subprocess on 127.0.0.1 (``python app.py``)."""
-
-    def __init__(self, db: str, log_path: str | Path, **env: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        full = {**os.environ, "PORT": str(self.port), "GRADIO_SERVER_NAME": "127.0.0.1",
-                "PLAYGROUND_DB": db, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-                "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", **env}
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=str(ROOT), env=full,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait(self, timeout: float = 240.0) -> "App":
-        """Block until the page answers (importing torch and transformers takes a while)."""
-        deadline = time.time() + timeout
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"app exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                with opener.open(self.url + "/", timeout=5) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"app did not start within {timeout} s; see {self.log.name}")
-
-    def stop(self) -> None:
-        """Terminate the subprocess (only the one this object started)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 def launch_browser(pw: Any) -> Any:

@@ -15,17 +15,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import playwright.sync_api as playwright_api
 import pytest
 
 from browser_helpers import CHROMIUM, ROOT, App, launch_browser, status_text, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no Chromium at {CHROMIUM}", allow_module_level=True)
-if not (ROOT / "assets" / "models" / "tiny-shakespeare" / "config.json").exists():
-    pytest.skip("the bundled tiny-shakespeare model is missing", allow_module_level=True)
+# CI installs Chromium and ships the bundled models: their absence is a failure, not a skip.
+assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM} (set PLAYGROUND_CHROMIUM)"
+assert (ROOT / "assets" / "models" / "tiny-shakespeare" / "config.json").exists(), "the bundled model is missing"
 
 PRESET = "Greedy vs beam search vs sampling"  # lanes: greedy, beam, top_p on the bundled target
 VIEW = {"width": 1440, "height": 1100}
