@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import torch
 
 from decoders.ar import ARState, draw, greedy_probs, token_loop
-from decoders.base import Context, Decoder, Float, Params, Text, register
+from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
 from decoders.contrastive._common import contrast_evidence
 from playground.errors import PlaygroundError
 from playground.trace import Step
@@ -48,7 +48,7 @@ class CAD(Decoder):
 
     Both passes are KV-cached and count as target forwards (two per token); ``alpha=0`` is
     the model alone and runs no second pass. Each step records the with-context,
-    question-only and adjusted distributions.
+    question-only and adjusted distributions; ``logit_lens`` records the with-context pass's layers.
     """
 
     name = "cad"
@@ -59,6 +59,7 @@ class CAD(Decoder):
         separator=Text("\\n\\n", "the prompt's context ends at its first occurrence and the question follows "
                                    "(write \\n for a newline, \\t for a tab)"),
         temperature=Float(0.0, 0.0, 10.0, "0 = greedy over the adjusted logits; else sample softmax(score / T)"),
+        logit_lens=lens_param(),
     )
     reference = "Shi et al. 2023, Trusting Your Evidence: Hallucinate Less with Context-aware Decoding (NAACL 2024)"
     description = "(1+α)·logits with the context − α·logits without it"

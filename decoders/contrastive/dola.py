@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from decoders.ar import greedy_probs, token_loop
-from decoders.base import Context, Decoder, Float, Params, Text, register
+from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
 from decoders.contrastive._common import contrast_evidence, rounded, text_config, with_hidden
 from playground.errors import PlaygroundError
 from playground.trace import Step
@@ -123,7 +123,8 @@ class Dola(Decoder):
     comma list of hidden-state indices (0 = embeddings). Equals transformers 4.x
     ``generate(dola_layers=, repetition_penalty=)`` (greedy) token for token. One forward
     per token; each step records every candidate layer's divergence, the chosen premature
-    layer, and the final, premature and contrast distributions.
+    layer, and the final, premature and contrast distributions. ``logit_lens`` reads the
+    same forward's hidden states (every layer through the final norm and head).
     """
 
     name = "dola"
@@ -132,6 +133,7 @@ class Dola(Decoder):
     params = DolaParams(
         dola_layers=Text("high", "premature layers: low, high, or hidden-state indices like 0,2,4"),
         repetition_penalty=Float(1.2, 1.0, 10.0, "CTRL repetition penalty on the contrast (1 = off)"),
+        logit_lens=lens_param(),
     )
     reference = "Chuang et al. 2024, DoLa: Decoding by Contrasting Layers Improves Factuality (ICLR)"
     description = "Final layer minus the premature layer that diverges most from it"

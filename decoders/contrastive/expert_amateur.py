@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import torch
 
 from decoders.ar import ARState, draw, token_loop
-from decoders.base import Context, Decoder, Float, Params, register
+from decoders.base import Context, Decoder, Float, Params, lens_param, register
 from decoders.contrastive._common import contrast_evidence
 from playground.errors import PlaygroundError
 from playground.trace import Step
@@ -51,7 +51,8 @@ class Contrastive(Decoder):
     ranks tokens as ``beta`` = b / (1 + b) does (a logit differs from its log-probability by
     a constant per step); its ``temperature`` is theirs divided by 1 + b. Both models
     advance one token per step: the amateur's forwards count as draft forwards. Each step
-    records the expert, amateur and contrast distributions and which tokens changed rank.
+    records the expert, amateur and contrast distributions and which tokens changed rank;
+    ``logit_lens`` records the expert's layers.
     """
 
     name = "contrastive"
@@ -62,6 +63,7 @@ class Contrastive(Decoder):
         alpha=Float(0.1, 0.0, 1.0, "plausibility: keep tokens with p_expert >= alpha · max p_expert"),
         beta=Float(1.0, 0.0, 10.0, "amateur weight: score = log p_expert - beta · log p_amateur"),
         temperature=Float(0.0, 0.0, 10.0, "0 = greedy over the contrast; else sample softmax(score / T)"),
+        logit_lens=lens_param(),
     )
     reference = ("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL); "
                  "O'Brien & Lewis 2023, Contrastive Decoding Improves Reasoning in Large Language Models")

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import torch
 
 from decoders.ar import ARState, greedy_probs, token_loop
-from decoders.base import Context, Decoder, Float, Params, Text, register
+from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
 from decoders.contrastive._common import contrast_evidence
 from playground.errors import PlaygroundError
 from playground.trace import Step
@@ -29,7 +29,8 @@ class CFG(Decoder):
     Both passes are KV-cached and both count as target forwards (two per token);
     ``guidance_scale=1`` is plain greedy decoding and runs no unconditional pass. Equals
     transformers 4.x ``generate(guidance_scale=, negative_prompt_ids=)`` (greedy) token for
-    token. Each step records the conditional, unconditional and guided distributions.
+    token. Each step records the conditional, unconditional and guided distributions;
+    ``logit_lens`` records the conditional pass's layers.
     """
 
     name = "cfg"
@@ -38,6 +39,7 @@ class CFG(Decoder):
     params = Params(
         guidance_scale=Float(1.5, 0.0, 10.0, "gamma: 1 = no guidance, > 1 pushes away from the negative"),
         negative_prompt=Text("", "text the guidance pushes away from (empty = the last prompt token)"),
+        logit_lens=lens_param(),
     )
     reference = "Sanchez et al. 2023, Stay on topic with Classifier-Free Guidance (ICML 2024)"
     description = "Greedy on u + gamma·(c − u): conditional vs unconditional (or negative-prompt) pass"
