@@ -23,7 +23,8 @@ SHOWS = {
 # What a family's steps record beyond their step kind's evidence.
 FAMILY_SHOWS = {
     "contrastive": "; plus the paired distributions behind the contrast (`contrast`: which tokens it moved), "
-                   "the candidate table of contrastive search and DoLa's per-layer divergence",
+                   "the candidate table of contrastive search, DoLa's per-layer divergence and look-back's KL alarm "
+                   "with its candidates",
 }
 
 FAMILIES = {
