@@ -402,8 +402,6 @@ def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatc
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
     live = frames[1:-1]
     assert live and all(page.traces not in f for f in live)  # the state is filled in once, at the end
-    # ...and emptied by the start frame (Gradio hashes a state with a change listener at every frame)
-    assert frames[0][page.traces] == []
     assert all(not any(c in f for c in page.lanes[0].run_plots) for f in live)
     # a lane whose text did not change sends nothing: some frames carry only one lane
     assert any((page.lanes[0].output in f) != (page.lanes[1].output in f) for f in live)

@@ -115,11 +115,7 @@ class RunSession(PageLayout):
         started = time.perf_counter()
         start: dict[Any, Any] = {
             self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
-            self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True),
-            # Empty the previous run's traces: the state has a change listener, so Gradio hashes
-            # it whole before and after every frame, and a finished run's traces made each frame
-            # of the next run cost tens of milliseconds (4x the app's CPU on a page's second run).
-            self.traces: []}
+            self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True)}
         for ui in self.lanes[:n]:
             start[ui.output] = empty_output(ui.k, "Starting…")
             start[ui.stats] = stats_html("")
