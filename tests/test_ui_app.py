@@ -429,13 +429,6 @@ def test_the_last_frame_ends_the_run_and_the_plots_follow(page, tiny, db):
     assert drawn[page.progress_plot] is not None
     assert set(drawn) <= set(page.draw_outputs()) | {page.to_draw}
     assert page.on_draw(traces, None, False, Session("draw")) == {page.to_draw: False}
-    # scrubbed between Done and the draw: the draw leaves that step's plots and headers alone
-    final = list(page.on_run(Session("draw"), *run_args(page, [("greedy", {}), ("greedy", {})])))[-1]
-    scrub = page.on_step(2, final[page.traces], Session("draw"))
-    assert "step 2 of" in scrub[page.lanes[0].insp_header]
-    late = page.on_draw(final[page.traces], 5, True, Session("draw"))
-    assert page.lanes[0].insp_header not in late and page.lanes[0].step_plots[0] not in late
-    assert late[page.lanes[0].run_plots[0]]["visible"] is True
     # a new Run of the same page already streams: the old run's plots are not drawn over it
     gen = page.on_run(Session("draw"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
     next(gen)

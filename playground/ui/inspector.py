@@ -177,9 +177,7 @@ class InspectorHandlers(PageLayout):
             return {}
         if align == "position" and isinstance(data.get("pos"), int) and data["pos"] >= 0:
             from playground.ui.align import at_position
-            from playground.ui.run_session import note_look, session_key
 
-            note_look(session_key(request))
             return at_position(self, list(traces or []), data["pos"])
         return self.step_updates(_looked_at(request, traces, step), step)
 
@@ -188,12 +186,11 @@ def _looked_at(request: Any, traces: list[dict[str, Any]] | None, step: int) -> 
     """The traces the user is looking at: the live snapshots while this page's run streams
     (its traces state is filled in only when it ends; the run's paced redraws now follow
     ``step``), else the stored ``traces``."""
-    from playground.ui.run_session import note_look, running_runner, select_step, session_key
+    from playground.ui.run_session import running_runner, select_step, session_key
 
     key = session_key(request)
     runner = running_runner(key)
     if runner is None:
-        note_look(key)
         return list(traces or [])
     select_step(key, step)
     return runner.latest()[1]

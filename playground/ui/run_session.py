@@ -44,9 +44,6 @@ _RUNNERS: dict[str, Any] = {}
 _RUNNERS_LOCK = threading.Lock()
 # The step a session's user picked in the inspector while its run streams (None: follow the end).
 _SELECTED: dict[str, int] = {}
-# Sessions whose run has ended and whose plots are not drawn yet -> whether the user scrubbed
-# (or clicked a token) since: then the draw leaves the step plots to the scrub's own event.
-_TO_DRAW: dict[str, bool] = {}
 
 BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
 
@@ -209,8 +206,6 @@ class RunSession(PageLayout):
         up.update(self.strip_updates(traces, follow=True, figure=False))
         up.update(self.idle_buttons())
         up[self.to_draw] = bool(traces)
-        if traces:
-            _TO_DRAW[key] = False
         yield up
 
     def on_draw(self, traces: list[dict[str, Any]] | None, step: Any, to_draw: Any,
@@ -220,9 +215,7 @@ class RunSession(PageLayout):
         Draws nothing when there is nothing new to draw (the run was refused) or when a new
         comparison of this page has already started (its own plots follow when it ends).
         """
-        key = session_key(request)
-        if not to_draw or not traces or running_runner(key) is not None:
-            _TO_DRAW.pop(key, None)
+        if not to_draw or not traces or running_runner(session_key(request)) is not None:
             return {self.to_draw: False}
         try:
             s = int(step) if step is not None else None
@@ -230,12 +223,6 @@ class RunSession(PageLayout):
             s = None
         wanted = set(self.draw_outputs())
         up = {c: v for c, v in self.inspector_updates(list(traces), s).items() if c in wanted}
-        if _TO_DRAW.pop(key, False):
-            # The user scrubbed since the run ended: their step's plots and headers come from
-            # that event; this (possibly older) step must not land on top of them.
-            for ui in self.lanes:
-                for c in (ui.insp_header, ui.step_html, *ui.step_plots):
-                    up.pop(c, None)
         up[self.to_draw] = False
         return up
 
@@ -267,16 +254,9 @@ def running_runner(key: str) -> Any:
 
 
 def select_step(key: str, step: int) -> None:
-    """Remember the step the user picked while session ``key``'s run streams (the scrubber stays there)."""
+    """Remember the step the user picked while session ``key``'s run streams (plots follow it)."""
     if running_runner(key) is not None:
         _SELECTED[key] = int(step)
-
-
-def note_look(key: str) -> None:
-    """The user scrubbed or clicked a token in session ``key``: a pending draw must not put
-    its (older) step back over the step they picked."""
-    if key in _TO_DRAW:
-        _TO_DRAW[key] = True
 
 
 def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
