@@ -219,30 +219,11 @@ class PageLayout:
                     ui.run_html, *ui.run_plots]
         return out
 
-    def run_outputs(self) -> list[Any]:
-        """What the Run stream writes: status, lanes' text and stats, scrubber, divergence line.
-
-        Kept small on purpose: Gradio 6 turns every output a frame leaves out into an empty
-        ``gr.update`` and builds a whole new component for it, at every frame; with the
-        inspector's ~60 slots among the outputs that, not decoding, kept a core busy.
-        """
-        out: list[Any] = [self.status, self.traces, self.sid, self.share_link, self.step, self.divergence]
-        for ui in self.lanes:
-            out += [ui.output, ui.legend, ui.stats]
-        return out
-
     def plot_outputs(self) -> list[Any]:
         """The figures of the inspector (what the follow-up draw event after a run fills)."""
         out: list[Any] = [self.progress_plot]
         for ui in self.lanes:
             out += [ui.step_html, *ui.step_plots, ui.run_html, *ui.run_plots]
-        return out
-
-    def draw_outputs(self) -> list[Any]:
-        """The follow-up draw event's outputs: every figure and each inspector column's header."""
-        out = self.plot_outputs()
-        for ui in self.lanes:
-            out += [ui.insp_column, ui.insp_header]
         return out
 
     def step_outputs(self) -> list[Any]:

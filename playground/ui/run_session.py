@@ -64,11 +64,11 @@ class RunSession(PageLayout):
                       self.lane_count, self.preset_state]
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
-        run_outputs = self.run_outputs() + [self.run_btn, self.stop_btn, self.to_draw]
+        run_outputs = self.result_outputs() + [self.run_btn, self.stop_btn, self.to_draw]
         # The plots are drawn by a follow-up event: the run's last frame (Done, Run enabled)
         # then never waits for the browser to draw a dozen figures. Not in the model group:
         # drawing needs no model and must not queue behind another page's Run.
-        draw_outputs = self.draw_outputs() + [self.to_draw]
+        draw_outputs = self.plot_outputs() + [self.to_draw]
         self.run_event = self.run_btn.click(
             self.on_run, run_inputs, run_outputs, show_progress="hidden", **model_event_settings())
         self.run_event.then(self.on_draw, [self.traces, self.step, self.to_draw], draw_outputs, show_progress="hidden")
@@ -147,13 +147,19 @@ class RunSession(PageLayout):
                     what = f", {loading} still loading" if loading else ""
                     up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
                                                   f"{what} ({now - started:.1f} s)")
-                # No figures in the stream: each costs the browser a Plotly redraw on the cores
-                # that decode. Only the scrubber's range and the divergence line, a few bytes;
-                # a step the user scrubs to (or clicks) during the run is drawn at once from
-                # the live snapshot by on_step / on_token.
-                if pacer.due("strip", now):
+                # Figures only when the user looks (scrubbed or clicked a token during this
+                # run): in the browser every figure costs a Plotly redraw on the same cores
+                # that decode, and that, not the server, throttled the text. Otherwise only
+                # the scrubber's range and the divergence line, both a few bytes.
+                looking = key in _SELECTED
+                if looking and pacer.due("lanes", now):
+                    with pacer.timed("lanes"):
+                        up.update(self.inspector_updates(traces, _SELECTED.get(key), run_plots=False,
+                                                         follow=False))
+                        up.update(self.strip_updates(traces, follow=False))
+                elif pacer.due("strip", now):
                     with pacer.timed("strip"):
-                        up.update(self.strip_updates(traces, follow=key not in _SELECTED, figure=False))
+                        up.update(self.strip_updates(traces, follow=not looking, figure=looking))
                 yield up
         except Busy as e:  # another Run of this page got there first: leave it alone
             gr.Warning(str(e))
@@ -203,7 +209,7 @@ class RunSession(PageLayout):
         up = self.result_updates(traces, metric, step=None, plots=False, sid=sid,
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
                                                     "error" if failed else "ok" if not stopped else "info"))
-        up.update(self.strip_updates(traces, follow=True, figure=False))
+        up.update(self.inspector_updates(traces, None, run_plots=False, figures=False))
         up.update(self.idle_buttons())
         up[self.to_draw] = bool(traces)
         yield up
@@ -221,7 +227,7 @@ class RunSession(PageLayout):
             s = int(step) if step is not None else None
         except (TypeError, ValueError):
             s = None
-        wanted = set(self.draw_outputs())
+        wanted = set(self.plot_outputs())
         up = {c: v for c, v in self.inspector_updates(list(traces), s).items() if c in wanted}
         up[self.to_draw] = False
         return up
