@@ -435,29 +435,6 @@ def test_the_last_frame_ends_the_run_and_the_plots_follow(page, tiny, db):
         list(gen)
 
 
-def test_a_redraw_sends_full_updates_only_for_slots_that_change(page, tiny, db):
-    """Gradio builds a new component per ``gr.update``: within a browser session a slot that
-    stays visible with the same title gets its plain figure, one that stays hidden nothing."""
-    from gradio.context import LocalContext
-
-    traces = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})])))[-1][page.traces]
-    who = Session("slots")
-    token = LocalContext.request.set(who)
-    try:
-        first = page.on_step(3, traces, who)
-        again = page.on_step(4, traces, who)
-    finally:
-        LocalContext.request.reset(token)
-    ui = page.lanes[0]
-    assert isinstance(first[ui.step_plots[0]], dict) and first[ui.step_plots[0]]["visible"] is True
-    assert hasattr(again[ui.step_plots[0]], "to_json")  # the figure itself, no update dict
-    hidden = [c for c in ui.step_plots if isinstance(first.get(c), dict) and first[c].get("visible") is False]
-    assert all(c not in again for c in hidden)
-    assert "step 4 of" in again[ui.insp_header]
-    outside = page.on_step(4, traces, who)  # no browser session in context: full updates, as before
-    assert isinstance(outside[ui.step_plots[0]], dict) and outside[ui.step_plots[0]]["visible"] is True
-
-
 def test_no_page_handler_is_a_public_api_endpoint(demo):
     page_fns = {getattr(f.fn, "__name__", "") for f in demo.fns.values() if f.api_visibility != "private"}
     assert not {n for n in page_fns if n.startswith("on_") or n in ("load_example", "_knobs")}

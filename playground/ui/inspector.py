@@ -7,9 +7,7 @@ out decoding.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from typing import Any, Callable
 
 import gradio as gr
@@ -119,17 +117,16 @@ class InspectorHandlers(PageLayout):
         s = max(0, min(int(s), max(top - 1, 0)))
         up: dict[Any, Any] = {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=s) if follow
                               else gr.update(minimum=0, maximum=max(top - 1, 1))}
-        shown = _shown_now()
         if run_plots or not figures:
             up[self.divergence] = visualizers.divergence_html(traces)
         if run_plots and figures:
             up[self.progress_plot] = visualizers.progress_figure(traces)
         for j, ui in enumerate(self.lanes):
             if j >= len(traces):
-                show(up, shown, ui.insp_column, False)
+                up[ui.insp_column] = gr.update(visible=False)
                 continue
             tr = traces[j]
-            show(up, shown, ui.insp_column, True)
+            up[ui.insp_column] = gr.update(visible=True)
             up[ui.insp_header] = insp_header(ui.k, tr, min(s, max(counts[j] - 1, 0)), counts[j])
             if not figures:
                 continue
@@ -196,77 +193,21 @@ def _looked_at(request: Any, traces: list[dict[str, Any]] | None, step: int) -> 
     return runner.latest()[1]
 
 
-# What each browser session's inspector slots show now: session hash -> {component id:
-# (visible, label)}. Gradio builds a whole new component (ids, upload folder, config) for
-# every ``gr.update`` it postprocesses, several milliseconds each on a busy machine, and the
-# inspector sends dozens per redraw; a slot whose visibility and label stay as they are gets
-# its plain value instead (or nothing, when it stays hidden). A session seen for the first
-# time shows the layout's defaults: every slot change goes through here. Old sessions are
-# forgotten first (their pages are long gone).
-_SHOWN: "OrderedDict[str, dict[int, tuple[bool, Any]]]" = OrderedDict()
-_SHOWN_LOCK = threading.Lock()
-SHOWN_SESSIONS = 4096
-_KEEP = object()
-
-
-def _shown_now() -> dict[int, tuple[bool, Any]] | None:
-    """The slot states of the browser session of the event being handled (None outside one:
-    then every slot gets a full update)."""
-    from gradio.context import LocalContext
-
-    try:
-        key = getattr(LocalContext.request.get(None), "session_hash", None)
-    except LookupError:
-        key = None
-    if not key:
-        return None
-    with _SHOWN_LOCK:
-        shown = _SHOWN.get(key)
-        if shown is None:
-            shown = _SHOWN[key] = {}
-            while len(_SHOWN) > SHOWN_SESSIONS:
-                _SHOWN.popitem(last=False)
-        else:
-            _SHOWN.move_to_end(key)
-        return shown
-
-
-def show(up: dict[Any, Any], shown: dict[int, tuple[bool, Any]] | None, comp: Any, visible: bool,
-         value: Any = _KEEP, label: Any = _KEEP) -> None:
-    """Put into ``up`` what makes ``comp`` show ``value`` (visible or not, with ``label``): a
-    plain value when only the value changes, nothing when a hidden slot stays hidden."""
-    if shown is not None:
-        before = shown.get(comp._id, (bool(getattr(comp, "visible", True)), getattr(comp, "label", None)))
-        after = (visible, before[1] if label is _KEEP else label)
-        shown[comp._id] = after
-        if before == after:
-            if visible and value is not _KEEP:
-                up[comp] = value
-            return
-    kw: dict[str, Any] = {"visible": visible}
-    if value is not _KEEP:
-        kw["value"] = value
-    if label is not _KEEP:
-        kw["label"] = label
-    up[comp] = gr.update(**kw)
-
-
 def slot_updates(html_comp: Any, plots: list[Any], figs: list[tuple[str, Any]]) -> dict[Any, Any]:
     """Fill an inspector column's HTML block and plot slots with ``figs`` (title, figure/HTML)."""
     up: dict[Any, Any] = {}
-    shown = _shown_now()
     htmls = [(t, f) for t, f in figs if isinstance(f, str)]
     plots_in = [(t, f) for t, f in figs if not isinstance(f, str)]
     if htmls:
         body = "".join(f'<div class="insp-block"><div class="insp-title">{esc(t)}</div>{f}</div>' for t, f in htmls)
-        show(up, shown, html_comp, True, body)
+        up[html_comp] = gr.update(value=body, visible=True)
     else:
-        show(up, shown, html_comp, False, "")
+        up[html_comp] = gr.update(value="", visible=False)
     for j, comp in enumerate(plots):
         if j < len(plots_in):
-            show(up, shown, comp, True, plots_in[j][1], plots_in[j][0])
+            up[comp] = gr.update(value=plots_in[j][1], visible=True, label=plots_in[j][0])
         else:
-            show(up, shown, comp, False)
+            up[comp] = gr.update(visible=False)
     return up
 
 
