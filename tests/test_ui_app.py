@@ -313,8 +313,7 @@ def test_a_tokenizer_that_produces_script_tokens_is_escaped_on_the_page(page, db
         out = raw_of(final, ui.output)
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in out
         assert "<script" not in out and "<img" not in out
-    drawn = page.on_draw(traces, None, final[page.to_draw], None)  # the plots follow the last frame
-    figures = [v["value"] for v in drawn.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
+    figures = [v["value"] for v in final.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
     assert figures and all("<script" not in f.to_json() for f in figures)
 
 
@@ -405,34 +404,6 @@ def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatc
     assert all(not any(c in f for c in page.lanes[0].run_plots) for f in live)
     # a lane whose text did not change sends nothing: some frames carry only one lane
     assert any((page.lanes[0].output in f) != (page.lanes[1].output in f) for f in live)
-
-
-def test_the_last_frame_ends_the_run_and_the_plots_follow(page, tiny, db):
-    """Done and an enabled Run come before any figure; the chained draw event then fills every
-    lane's plots, and draws nothing for a refused run or while a new run of the page streams."""
-    frames = list(page.on_run(Session("draw"), *run_args(page, [("greedy", {}), ("greedy", {})])))
-    final = frames[-1]
-    assert "Done" in html_of(final, page.status) and final[page.run_btn]["interactive"] is True
-    assert final[page.to_draw] is True
-    assert not any(c in f for f in frames for c in page.plot_outputs())  # no figure in any Run frame
-    assert "step" in html_of(final, page.lanes[0].insp_header) and final[page.step]["maximum"] >= 5
-    traces = final[page.traces]
-    drawn = page.on_draw(traces, None, True, Session("draw"))
-    assert drawn[page.to_draw] is False
-    for ui in page.lanes[:2]:
-        assert drawn[ui.step_plots[0]]["visible"] is True and drawn[ui.run_plots[0]]["visible"] is True
-    assert drawn[page.progress_plot] is not None
-    assert set(drawn) <= set(page.plot_outputs()) | {page.to_draw}
-    assert page.on_draw(traces, None, False, Session("draw")) == {page.to_draw: False}
-    # a new Run of the same page already streams: the old run's plots are not drawn over it
-    gen = page.on_run(Session("draw"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
-    next(gen)
-    next(gen)
-    try:
-        assert page.on_draw(traces, None, True, Session("draw")) == {page.to_draw: False}
-    finally:
-        page.on_stop(Session("draw"))
-        list(gen)
 
 
 def test_no_page_handler_is_a_public_api_endpoint(demo):

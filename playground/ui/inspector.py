@@ -103,13 +103,11 @@ class InspectorHandlers(PageLayout):
                 ui.stats: stats_html(visualizers.stats_line(trace))}
 
     def inspector_updates(self, traces: list[dict[str, Any]], step: int | None = None,
-                          run_plots: bool = True, follow: bool = True, figures: bool = True) -> dict[Any, Any]:
+                          run_plots: bool = True, follow: bool = True) -> dict[Any, Any]:
         """The scrubber, the comparison strip and every lane's plots at ``step`` (None: last).
 
         With ``follow`` False (the user picked a step while the run streams) the scrubber's
-        range grows but its value stays where the user put it. With ``figures`` False only
-        the cheap part (scrubber, divergence line, each column's header): the figures follow
-        in a separate event.
+        range grows but its value stays where the user put it.
         """
         counts = [visualizers.step_count(t) for t in traces]
         top = max(counts, default=0)
@@ -117,10 +115,9 @@ class InspectorHandlers(PageLayout):
         s = max(0, min(int(s), max(top - 1, 0)))
         up: dict[Any, Any] = {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=s) if follow
                               else gr.update(minimum=0, maximum=max(top - 1, 1))}
-        if run_plots or not figures:
-            up[self.divergence] = visualizers.divergence_html(traces)
-        if run_plots and figures:
+        if run_plots:
             up[self.progress_plot] = visualizers.progress_figure(traces)
+            up[self.divergence] = visualizers.divergence_html(traces)
         for j, ui in enumerate(self.lanes):
             if j >= len(traces):
                 up[ui.insp_column] = gr.update(visible=False)
@@ -128,23 +125,18 @@ class InspectorHandlers(PageLayout):
             tr = traces[j]
             up[ui.insp_column] = gr.update(visible=True)
             up[ui.insp_header] = insp_header(ui.k, tr, min(s, max(counts[j] - 1, 0)), counts[j])
-            if not figures:
-                continue
             up.update(slot_updates(ui.step_html, ui.step_plots, visualizers.step_figures(tr, s)))
             if run_plots:
                 up.update(slot_updates(ui.run_html, ui.run_plots, visualizers.run_figures(tr)))
         return up
 
-    def strip_updates(self, traces: list[dict[str, Any]], follow: bool = True, figure: bool = True) -> dict[Any, Any]:
-        """The cheap part of the inspector: scrubber range and the comparison strip (its
-        progress figure only with ``figure``)."""
+    def strip_updates(self, traces: list[dict[str, Any]], follow: bool = True) -> dict[Any, Any]:
+        """The cheap part of the inspector: scrubber range and the comparison strip."""
         top = max((visualizers.step_count(t) for t in traces), default=0)
         rng = {"minimum": 0, "maximum": max(top - 1, 1)}
-        up = {self.step: gr.update(**rng, value=max(top - 1, 0)) if follow else gr.update(**rng),
-              self.divergence: visualizers.divergence_html(traces)}
-        if figure:
-            up[self.progress_plot] = visualizers.progress_figure(traces)
-        return up
+        return {self.step: gr.update(**rng, value=max(top - 1, 0)) if follow else gr.update(**rng),
+                self.progress_plot: visualizers.progress_figure(traces),
+                self.divergence: visualizers.divergence_html(traces)}
 
     def step_updates(self, traces: list[dict[str, Any]], step: int) -> dict[Any, Any]:
         """What a scrubber move changes: each lane's step plots (and its header)."""

@@ -124,8 +124,6 @@ class PageLayout:
         self.traces = gr.State([])
         self.sid = gr.State(None)
         self.preset_state = gr.State(None)
-        # True between a run's last frame and the follow-up event that draws its plots.
-        self.to_draw = gr.State(False)
 
         with gr.Row(elem_id="lanes", equal_height=False):
             for k in range(1, self.max_lanes + 1):
@@ -217,13 +215,6 @@ class PageLayout:
         for ui in self.lanes:
             out += [ui.output, ui.legend, ui.stats, ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots,
                     ui.run_html, *ui.run_plots]
-        return out
-
-    def plot_outputs(self) -> list[Any]:
-        """The figures of the inspector (what the follow-up draw event after a run fills)."""
-        out: list[Any] = [self.progress_plot]
-        for ui in self.lanes:
-            out += [ui.step_html, *ui.step_plots, ui.run_html, *ui.run_plots]
         return out
 
     def step_outputs(self) -> list[Any]:

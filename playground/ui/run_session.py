@@ -64,16 +64,11 @@ class RunSession(PageLayout):
                       self.lane_count, self.preset_state]
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
-        run_outputs = self.result_outputs() + [self.run_btn, self.stop_btn, self.to_draw]
-        # The plots are drawn by a follow-up event: the run's last frame (Done, Run enabled)
-        # then never waits for the browser to draw a dozen figures. Not in the model group:
-        # drawing needs no model and must not queue behind another page's Run.
-        draw_outputs = self.plot_outputs() + [self.to_draw]
         self.run_event = self.run_btn.click(
-            self.on_run, run_inputs, run_outputs, show_progress="hidden", **model_event_settings())
-        self.run_event.then(self.on_draw, [self.traces, self.step, self.to_draw], draw_outputs, show_progress="hidden")
-        self.prompt.submit(self.on_run, run_inputs, run_outputs, show_progress="hidden", **model_event_settings()
-                           ).then(self.on_draw, [self.traces, self.step, self.to_draw], draw_outputs, show_progress="hidden")
+            self.on_run, run_inputs, self.result_outputs() + [self.run_btn, self.stop_btn],
+            show_progress="hidden", **model_event_settings())
+        self.prompt.submit(self.on_run, run_inputs, self.result_outputs() + [self.run_btn, self.stop_btn],
+                           show_progress="hidden", **model_event_settings())
         self.stop_btn.click(self.on_stop, None, None, queue=False)
 
     def wire_share(self, demo: gr.Blocks) -> None:
@@ -147,19 +142,14 @@ class RunSession(PageLayout):
                     what = f", {loading} still loading" if loading else ""
                     up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
                                                   f"{what} ({now - started:.1f} s)")
-                # Figures only when the user looks (scrubbed or clicked a token during this
-                # run): in the browser every figure costs a Plotly redraw on the same cores
-                # that decode, and that, not the server, throttled the text. Otherwise only
-                # the scrubber's range and the divergence line, both a few bytes.
-                looking = key in _SELECTED
-                if looking and pacer.due("lanes", now):
+                if pacer.due("lanes", now):
                     with pacer.timed("lanes"):
                         up.update(self.inspector_updates(traces, _SELECTED.get(key), run_plots=False,
-                                                         follow=False))
-                        up.update(self.strip_updates(traces, follow=False))
+                                                         follow=key not in _SELECTED))
+                        up.update(self.strip_updates(traces, follow=key not in _SELECTED))
                 elif pacer.due("strip", now):
                     with pacer.timed("strip"):
-                        up.update(self.strip_updates(traces, follow=not looking, figure=looking))
+                        up.update(self.strip_updates(traces, follow=key not in _SELECTED))
                 yield up
         except Busy as e:  # another Run of this page got there first: leave it alone
             gr.Warning(str(e))
@@ -203,34 +193,11 @@ class RunSession(PageLayout):
         # A lane that failed makes the whole line red and says which, never a green "Done".
         failed = [str(j + 1) for j, t in enumerate(traces) if (t.get("stats") or {}).get("error")]
         fail = f" Lane{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed (see the lane)." if failed else ""
-        # The last frame: final text, stats, scrubber, strip text and inspector headers, Run
-        # enabled again. Every plot follows in :meth:`on_draw` (chained after this event), so
-        # "Done"/"Stopped" shows as soon as the lanes end, not after the browser drew them.
-        up = self.result_updates(traces, metric, step=None, plots=False, sid=sid,
+        up = self.result_updates(traces, metric, step=None, plots=True, sid=sid,
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
                                                     "error" if failed else "ok" if not stopped else "info"))
-        up.update(self.inspector_updates(traces, None, run_plots=False, figures=False))
         up.update(self.idle_buttons())
-        up[self.to_draw] = bool(traces)
         yield up
-
-    def on_draw(self, traces: list[dict[str, Any]] | None, step: Any, to_draw: Any,
-                request: gr.Request) -> dict[Any, Any]:
-        """Draw every plot of the run that just ended, at the scrubber's step (chained after Run).
-
-        Draws nothing when there is nothing new to draw (the run was refused) or when a new
-        comparison of this page has already started (its own plots follow when it ends).
-        """
-        if not to_draw or not traces or running_runner(session_key(request)) is not None:
-            return {self.to_draw: False}
-        try:
-            s = int(step) if step is not None else None
-        except (TypeError, ValueError):
-            s = None
-        wanted = set(self.plot_outputs())
-        up = {c: v for c, v in self.inspector_updates(list(traces), s).items() if c in wanted}
-        up[self.to_draw] = False
-        return up
 
     def on_stop(self, request: gr.Request) -> None:
         """Stop the running comparison of this browser session (lanes keep what they made).
