@@ -224,7 +224,11 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
     for pos in range(ctx.max_new_tokens):
         ctx.check_cancel()
         final, tok = pick(logits, pos, out)
+        picked, tok = tok, ctx.force.get(pos, tok)
         ev: dict[str, Any] = {"dist": dist_evidence(ctx.target, logits, final, tok, ctx.top_k_evidence)}
+        if pos in ctx.force:
+            # a branch's forced token: the step keeps the model's distribution and what it picked
+            ev["forced"] = [{"position": pos, "token": tok, "picked": picked}]
         if lens:
             ev["lens"] = lens_evidence(ctx.target, state.hidden, logits, tok)
         yield Step("token", [tok], **ev)

@@ -219,6 +219,8 @@ class Context:
     stop_strings: list[str] = field(default_factory=list)
     top_k_evidence: int = 20
     cancel: threading.Event = field(default_factory=threading.Event)
+    # forced tokens {position: token_id} that token_loop commits instead of its pick (playground/force.py)
+    force: dict[int, int] = field(default_factory=dict)
 
     def _rng(self, index: int, stream: str) -> np.random.Generator:
         return np.random.default_rng([self.seed & 0xFFFFFFFF, zlib.crc32(stream.encode()), int(index)])
