@@ -106,12 +106,52 @@ SMOKE = {
                                 layer_types=["sliding_attention", "full_attention"]),
                       steps=4, batch_size=4, seq_len=64, warmup=1),
 }
+# --recipe gpu: sized for about 4-5 minutes on one H200 for the three models together (each
+# stage also stops at `max_seconds`, the cosine schedule following whichever of steps / time
+# runs out first). On the full corpus (~1.6M training tokens) the CPU recipe saw less than one
+# epoch; here every model sees tens of epochs, so overfitting is held back by residual dropout
+# (forward hooks during training only, nothing in the saved config) and by early stopping on a
+# held-out tail of the training split (the card's validation split is never used to choose).
+# Sizes stay inside the budget: each model.safetensors under 15 MB (fp32), all three ~30 MB.
+GPU_RECIPES = {
+    "target": dict(
+        arch=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=6,
+                  num_attention_heads=3, num_key_value_heads=3),
+        steps=4000, batch_size=64, seq_len=256, lr=2e-3, min_lr=1e-4, warmup=100,
+        weight_decay=0.1, dropout=0.15, eval_every=100, max_seconds=100,
+    ),
+    "draft": dict(
+        # ~0.61M parameters: 5.6x fewer than the target (the issue asks for >= 5x)
+        arch=dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=2),
+        steps=4000, batch_size=64, seq_len=256, lr=3e-3, min_lr=1.5e-4, warmup=100,
+        weight_decay=0.05, dropout=0.0, eval_every=100, max_seconds=60,
+        distill=0.8,  # top-1 agreement is what speculation needs: lean on the teacher
+    ),
+    "diffusion": dict(
+        arch=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=6,
+                  num_attention_heads=3, local_attention=16,
+                  layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                               "sliding_attention", "full_attention", "full_attention"]),
+        steps=6000, batch_size=64, seq_len=256, lr=2e-3, min_lr=1e-4, warmup=100,
+        weight_decay=0.1, dropout=0.1, eval_every=100, max_seconds=110,
+        eps=1e-3, prefix_share=0.25,
+        # a share of sequences with t ~ U(high_t, 1): the decoders start from a fully masked
+        # canvas, where the CPU model was barely above the unigram baseline
+        high_mask_share=0.3, high_t=0.7,
+    ),
+}
+HOLDOUT_FRACTION = 0.03  # tail of the training stream kept out of training, for early stopping
+HOLDOUT_WINDOWS = 96
+
 SMOKE_CORPUS_CHARS = 40_000  # per split, taken from the first works
 MAX_POSITIONS = 512
 
 
-def recipe(stage: str, smoke: bool) -> dict:
-    r = json.loads(json.dumps(RECIPES[stage]))
+def recipe(stage: str, smoke: bool, name: str = "cpu") -> dict:
+    """The training recipe of a stage: `name` "cpu" (the default) or "gpu"; `smoke` shrinks it."""
+    table = GPU_RECIPES if name == "gpu" and stage in GPU_RECIPES else RECIPES
+    r = json.loads(json.dumps(table[stage]))
     if smoke:
         for k, v in SMOKE[stage].items():
             r[k] = v
@@ -222,8 +262,10 @@ def n_params(model) -> int:
 
 
 def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator):
+    """(B, T+1) random windows of `data`; one gather, so it stays cheap when data is on a GPU."""
     ix = torch.randint(len(data) - seq_len - 1, (batch_size,), generator=gen)
-    return torch.stack([data[i:i + seq_len + 1] for i in ix.tolist()])  # (B, T+1)
+    idx = ix[:, None] + torch.arange(seq_len + 1)[None, :]
+    return data[idx.to(data.device)]
 
 
 def causal_loss(model, batch, teacher=None, distill=0.0):
@@ -238,21 +280,28 @@ def causal_loss(model, batch, teacher=None, distill=0.0):
     return loss
 
 
-def diffusion_loss(model, batch, mask_id: int, gen: torch.Generator, eps=1e-3, prefix_share=0.0):
+def diffusion_loss(model, batch, mask_id: int, gen: torch.Generator, eps=1e-3, prefix_share=0.0,
+                   high_mask_share=0.0, high_t=0.7):
     """MDLM / LLaDA: per sequence t ~ U(eps, 1); mask each token with probability t;
     cross-entropy on the masked positions weighted 1/t, averaged over all maskable positions.
     A share of sequences keeps a clean prefix of random length and masks only the suffix,
-    which is how the diffusion decoders use the model (prompt, then masks)."""
+    which is how the diffusion decoders use the model (prompt, then masks). A share
+    `high_mask_share` draws t ~ U(high_t, 1) instead, spending more training on the nearly
+    fully masked canvases that diffusion decoding starts from."""
     x0 = batch[:, :-1]
     B, T = x0.shape
     # low-discrepancy t (as in MDLM): one uniform offset, B evenly spaced points
     u = (torch.rand(1, generator=gen) + torch.arange(B) / B) % 1.0
     t = eps + (1 - eps) * u[torch.randperm(B, generator=gen)]
+    if high_mask_share > 0:
+        high = torch.rand(B, generator=gen) < high_mask_share
+        t = torch.where(high, high_t + (1 - high_t) * torch.rand(B, generator=gen), t)
     maskable = torch.ones(B, T, dtype=torch.bool)
     prefix_rows = torch.rand(B, generator=gen) < prefix_share
     prefix_len = torch.randint(1, T - T // 8, (B,), generator=gen)
     maskable &= ~(prefix_rows[:, None] & (torch.arange(T)[None, :] < prefix_len[:, None]))
-    masked = (torch.rand(B, T, generator=gen) < t[:, None]) & maskable
+    masked = ((torch.rand(B, T, generator=gen) < t[:, None]) & maskable).to(x0.device)
+    maskable, t = maskable.to(x0.device), t.to(x0.device)
     xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
     hidden = model.model(input_ids=xt).last_hidden_state
     logits = model.decoder(model.head(hidden[masked])).float()  # LM head only where needed
@@ -261,11 +310,62 @@ def diffusion_loss(model, batch, mask_id: int, gen: torch.Generator, eps=1e-3, p
     return (ce * weights).sum() / maskable.sum()
 
 
-def lr_at(step: int, r: dict) -> float:
+def lr_at(step: int, r: dict, time_frac: float = 0.0) -> float:
+    """Warmup then cosine; the cosine follows whichever runs out first, steps or `max_seconds`
+    (time_frac = elapsed / max_seconds), so a time-capped run still ends at min_lr."""
     if step < r["warmup"]:
         return r["lr"] * (step + 1) / r["warmup"]
-    frac = (step - r["warmup"]) / max(1, r["steps"] - r["warmup"])
+    frac = max((step - r["warmup"]) / max(1, r["steps"] - r["warmup"]), time_frac)
     return r["min_lr"] + 0.5 * (r["lr"] - r["min_lr"]) * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def add_dropout(model, p: float) -> list:
+    """Residual dropout on the embeddings and on every attention / MLP output, as forward hooks:
+    Llama has no residual dropout in its config, and hooks leave the saved model plain."""
+    if p <= 0:
+        return []
+
+    def hook(module, inputs, output):
+        if not module.training:
+            return output
+        if isinstance(output, tuple):
+            return (F.dropout(output[0], p, True),) + tuple(output[1:])
+        return F.dropout(output, p, True)
+
+    targets = [m for n, m in model.named_modules()
+               if n.endswith(("embed_tokens", ".self_attn", ".mlp", ".attn")) or n == "model.embeddings"]
+    return [m.register_forward_hook(hook) for m in targets]
+
+
+def holdout_split(data: torch.Tensor, fraction: float = HOLDOUT_FRACTION):
+    """(train, holdout): the last `fraction` of the training stream is kept for early stopping."""
+    cut = int(len(data) * (1 - fraction))
+    return data[:cut], data[cut:]
+
+
+@torch.no_grad()
+def holdout_loss(stage: str, model, holdout: torch.Tensor, seq_len: int, mask_id: int | None,
+                 device: str, amp: bool) -> float:
+    """Mean loss on fixed held-out windows: next-token cross-entropy for the causal models, masked
+    cross-entropy at 15 / 50 / 90 % masking (fixed masks) for the diffusion LM."""
+    n = min(HOLDOUT_WINDOWS, len(holdout) // seq_len)
+    w = holdout[: n * seq_len].view(n, seq_len).to(device)
+    was = model.training
+    model.eval()
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+        if stage == "diffusion":
+            gen = torch.Generator().manual_seed(0)
+            losses = []
+            for ratio in (0.15, 0.5, 0.9):
+                m = (torch.rand(w.shape, generator=gen) < ratio).to(device)
+                logits = model(input_ids=torch.where(m, mask_id, w)).logits.float()
+                losses.append(F.cross_entropy(logits[m], w[m]).item())
+            loss = sum(losses) / len(losses)
+        else:
+            logits = model(input_ids=w[:, :-1]).logits.float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1)).item()
+    model.train(was)
+    return loss
 
 
 class Progress:
@@ -301,18 +401,24 @@ class Progress:
 
 
 def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: Path,
-                mask_id: int | None = None, teacher=None) -> dict:
-    """The training loop shared by the three models. Returns training facts for the card."""
+                mask_id: int | None = None, teacher=None, holdout: torch.Tensor | None = None) -> dict:
+    """The training loop shared by the three models. Returns training facts for the card.
+
+    With `r["eval_every"]` and a `holdout` stream, the held-out loss is measured every so many
+    steps and the best weights are the ones kept (early stopping); `r["max_seconds"]` caps the
+    training time of the stage."""
+    device = getattr(args, "device", "cpu") or "cpu"
     gen = torch.Generator().manual_seed(args.seed + STAGES.index(stage))
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": r["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=r["lr"], betas=(0.9, 0.95))
+                            lr=r["lr"], betas=(0.9, 0.95), fused=device == "cuda" or None)
     step, tokens_seen, elapsed = 0, 0, 0.0
+    best = dict(loss=float("inf"), step=0, state=None)
     ckpt = ckpt_dir / stage / "ckpt.pt"
     if args.resume and ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = torch.load(ckpt, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         gen.set_state(state["gen"])
@@ -326,19 +432,31 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
                         step=step, tokens_seen=tokens_seen, elapsed=elapsed, recipe=r), tmp)
         os.replace(tmp, ckpt)
 
+    def check_holdout():
+        loss = holdout_loss(stage, model, holdout, r["seq_len"], mask_id, device, amp)
+        if loss < best["loss"]:
+            best.update(loss=loss, step=step,
+                        state={k: v.detach().clone() for k, v in model.state_dict().items()})
+        print(f"[{stage}] step {step} held-out loss {loss:.4f} (best {best['loss']:.4f} at "
+              f"step {best['step']})", flush=True)
+
     amp = args.bf16
+    eval_every = r.get("eval_every") if holdout is not None else None
+    max_seconds = r.get("max_seconds") or getattr(args, "max_seconds", None)
+    hooks = add_dropout(model, r.get("dropout", 0.0))
     loads: list[float] = []  # machine load during training, for the card
     model.train()
     bar = Progress(stage, r["steps"], step)
     t_last = time.time()
-    while step < r["steps"]:
-        lr = lr_at(step, r)
+    while step < r["steps"] and not (max_seconds and elapsed >= max_seconds):
+        lr = lr_at(step, r, elapsed / max_seconds if max_seconds else 0.0)
         for g in opt.param_groups:
             g["lr"] = lr
         batch = get_batch(data, r["batch_size"], r["seq_len"], gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
             if stage == "diffusion":
-                loss = diffusion_loss(model, batch, mask_id, gen, r["eps"], r["prefix_share"])
+                loss = diffusion_loss(model, batch, mask_id, gen, r["eps"], r["prefix_share"],
+                                      r.get("high_mask_share", 0.0), r.get("high_t", 0.7))
             else:
                 loss = causal_loss(model, batch, teacher, r.get("distill", 0.0))
         opt.zero_grad(set_to_none=True)
@@ -347,21 +465,40 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
         opt.step()
         step += 1
         tokens_seen += r["batch_size"] * r["seq_len"]
+        # loss.item() waits for the step, so the clock below counts GPU time too
+        bar.update(step, loss.item(), r["batch_size"] * r["seq_len"], lr)
         now = time.time()
         elapsed, t_last = elapsed + (now - t_last), now
-        bar.update(step, loss.item(), r["batch_size"] * r["seq_len"], lr)
         if step % 10 == 0 and hasattr(os, "getloadavg"):
             loads.append(os.getloadavg()[0])
+        if eval_every and step % eval_every == 0:
+            check_holdout()
+            t_last = time.time()  # held-out checks are not training time
         if step % args.ckpt_every == 0 or step == r["steps"]:
             save_ckpt()
+    for h in hooks:
+        h.remove()
+    if eval_every:
+        if step % eval_every:
+            check_holdout()
+        model.load_state_dict(best["state"])
     bar.close()
     model.eval()
-    return dict(steps=step, batch_size=r["batch_size"], seq_len=r["seq_len"],
-                tokens_seen=tokens_seen, train_seconds=round(elapsed, 1), lr=r["lr"],
-                min_lr=r["min_lr"], warmup=r["warmup"], weight_decay=r["weight_decay"],
-                bf16_autocast=bool(amp),
-                mean_load_avg=round(sum(loads) / len(loads), 2) if loads else None,
-                cpu_shared=bool(loads) and sum(loads) / len(loads) > torch.get_num_threads() + 0.5)
+    facts = dict(steps=step, batch_size=r["batch_size"], seq_len=r["seq_len"],
+                 tokens_seen=tokens_seen, train_seconds=round(elapsed, 1), lr=r["lr"],
+                 min_lr=r["min_lr"], warmup=r["warmup"], weight_decay=r["weight_decay"],
+                 bf16_autocast=bool(amp),
+                 mean_load_avg=round(sum(loads) / len(loads), 2) if loads else None,
+                 cpu_shared=device == "cpu" and bool(loads)
+                 and sum(loads) / len(loads) > torch.get_num_threads() + 0.5)
+    if r.get("dropout"):
+        facts["dropout"] = r["dropout"]
+    if max_seconds:
+        facts["max_seconds"] = max_seconds
+    if eval_every:
+        facts.update(early_stopping=True, best_step=best["step"],
+                     holdout_loss=round(best["loss"], 5), holdout_tokens=len(holdout))
+    return facts
 
 
 def save_model(stage: str, model, tokenizer, out: Path) -> Path:
@@ -384,7 +521,10 @@ def save_model(stage: str, model, tokenizer, out: Path) -> Path:
 # Driver
 
 
-def hardware(threads: int) -> str:
+def hardware(threads: int, device: str = "cpu") -> str:
+    """One line naming what trained the model, for the card."""
+    if device == "cuda":
+        return f"1x {torch.cuda.get_device_name()} (CUDA), torch {torch.__version__}"
     name = platform.processor() or "CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -445,6 +585,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-only", action="store_true",
                         help="no training: recompute eval.json and README.md of the models in "
                              "--out (keeps their recorded training facts)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="train on the CPU (default) or a CUDA GPU (bf16 autocast)")
+    parser.add_argument("--recipe", default=None, choices=("cpu", "gpu"),
+                        help="model sizes and schedule: cpu (the bundled models' recipe) or gpu "
+                             "(bigger, many epochs, dropout, early stopping; ~4-5 min on an H200); "
+                             "default: gpu with --device cuda, else cpu")
+    parser.add_argument("--max-seconds", type=float,
+                        help="cap the training time of each model (the schedule follows it)")
     parser.set_defaults(bf16=None, eval=True)
 
 
@@ -466,8 +614,14 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
+    args.device = getattr(args, "device", "cpu") or "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    recipe_name = getattr(args, "recipe", None) or ("gpu" if args.device == "cuda" else "cpu")
     if args.bf16 is None:
-        args.bf16 = cpu_has_bf16() and not args.smoke
+        args.bf16 = args.device == "cuda" or (cpu_has_bf16() and not args.smoke)
     torch.manual_seed(args.seed)
 
     t0 = time.time()
@@ -487,7 +641,7 @@ def run(args: argparse.Namespace) -> int:
     sample_tokens = 4 if args.smoke else tiny_eval.SAMPLE_TOKENS
 
     for stage in stages[stages.index("tokenizer") + 1 if "tokenizer" in stages else 0:]:
-        r = recipe(stage, args.smoke)
+        r = recipe(stage, args.smoke, recipe_name)
         if getattr(args, "eval_only", False):
             facts = json.loads((out / NAMES[stage] / "eval.json").read_text())["training"]
             figures = tiny_eval.evaluate(stage, out, val_ids, train_ids, facts,
@@ -503,18 +657,26 @@ def run(args: argparse.Namespace) -> int:
             r["distill"] = args.distill
         if stage == "diffusion" and args.prefix_share is not None:
             r["prefix_share"] = args.prefix_share
+        if getattr(args, "max_seconds", None):
+            r["max_seconds"] = args.max_seconds
         torch.manual_seed(args.seed + STAGES.index(stage))  # deterministic init
         model = build_model(stage, r["arch"], tokenizer)
         teacher = None
         if stage == "draft" and r.get("distill", 0) > 0:
-            teacher = tiny_eval.load(out / NAMES["target"], "causal")
+            teacher = tiny_eval.load(out / NAMES["target"], "causal").to(args.device)
         print(f"[{stage}] {NAMES[stage]}: {n_params(model):,} parameters"
               + (", distilled from the target" if teacher is not None else ""), flush=True)
-        facts = train_model(stage, model, train_ids, r, args, ckpt_dir,
-                            mask_id=tokenizer.mask_token_id, teacher=teacher)
-        facts.update(parameters=n_params(model), hardware=hardware(threads), seed=args.seed,
+        data, holdout = train_ids, None
+        if r.get("eval_every"):
+            data, holdout = holdout_split(train_ids)
+        model.to(args.device)
+        facts = train_model(stage, model, data.to(args.device), r, args, ckpt_dir,
+                            mask_id=tokenizer.mask_token_id, teacher=teacher, holdout=holdout)
+        model.to("cpu")
+        facts.update(parameters=n_params(model), hardware=hardware(threads, args.device),
+                     seed=args.seed, recipe=recipe_name,
                      architecture=type(model).__name__, arch=r["arch"],
-                     train_tokens_available=len(train_ids), smoke=bool(args.smoke))
+                     train_tokens_available=len(data), smoke=bool(args.smoke))
         if stage == "draft":
             facts["distill"] = r["distill"] if teacher is not None else 0.0
             if (out / NAMES["target"] / "config.json").exists():
@@ -522,6 +684,8 @@ def run(args: argparse.Namespace) -> int:
                 facts["size_ratio"] = round(n_params(target) / n_params(model), 1)
         if stage == "diffusion":
             facts.update(eps=r["eps"], prefix_share=r["prefix_share"])
+            if r.get("high_mask_share"):
+                facts.update(high_mask_share=r["high_mask_share"], high_t=r["high_t"])
         path = save_model(stage, model, tokenizer, out)
         print(f"[{stage}] saved {path} ({facts['train_seconds']:.0f}s training)", flush=True)
         if args.eval:
