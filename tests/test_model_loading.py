@@ -21,6 +21,8 @@ import pytest
 import torch
 
 from playground import models
+from playground.models import cache as model_cache
+from playground.models import loading
 from playground.errors import Cancelled, PlaygroundError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,8 +32,8 @@ SIX = [name for name in models.BUNDLED for _ in range(2)]
 @pytest.fixture
 def empty_cache(monkeypatch):
     """A model cache of this test's own, so loads really load (restored afterwards)."""
-    monkeypatch.setattr(models, "_cache", OrderedDict())
-    monkeypatch.setattr(models, "_inflight", {})
+    monkeypatch.setattr(model_cache, "_cache", OrderedDict())
+    monkeypatch.setattr(model_cache, "_inflight", {})
 
 
 def _load_together(specs: list[str]) -> list[object]:
@@ -68,7 +70,7 @@ def test_six_threads_load_three_bundled_models_once_each(empty_cache):
     for spec, handle in zip(SIX, results):
         by_name.setdefault(spec, set()).add(id(handle))
     assert {k: len(v) for k, v in by_name.items()} == {name: 1 for name in models.BUNDLED}
-    assert models._inflight == {}
+    assert model_cache._inflight == {}
     for spec, handle in zip(SIX, results):
         # a usable model, not one whose weights a racing load left behind
         assert not any(p.device.type == "meta" for p in handle.model.parameters())
@@ -117,7 +119,7 @@ def _tiny_dir(tmp_path: Path, tokenizer) -> Path:
 
 def test_a_failed_load_does_not_poison_the_next(tmp_path, tokenizer, monkeypatch):
     path = str(_tiny_dir(tmp_path, tokenizer))
-    real = models._auto_class
+    real = loading._auto_class
     calls = {"n": 0}
 
     class Exploding:
@@ -129,11 +131,11 @@ def test_a_failed_load_does_not_poison_the_next(tmp_path, tokenizer, monkeypatch
         calls["n"] += 1
         return Exploding if calls["n"] == 1 else real(config, kind, trust_remote_code)
 
-    monkeypatch.setattr(models, "_auto_class", once)
+    monkeypatch.setattr(loading, "_auto_class", once)
     with pytest.raises(PlaygroundError) as err:
         models.load_model(path)
     assert "disk on fire" in str(err.value) and "\n" not in str(err.value)
-    assert models._inflight == {}
+    assert model_cache._inflight == {}
     handle = models.load_model(path)
     assert handle.kind == "causal" and calls["n"] == 2
     assert handle.forward([1, 2]).logits.isfinite().all()
@@ -152,7 +154,7 @@ def test_a_model_left_on_the_meta_device_is_refused_in_one_line(tmp_path, tokeni
             model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight, device="meta"))
             return model
 
-    monkeypatch.setattr(models, "_auto_class", lambda *a: HalfLoaded)
+    monkeypatch.setattr(loading, "_auto_class", lambda *a: HalfLoaded)
     with pytest.raises(PlaygroundError, match=r"meta device.*lm_head\.weight") as err:
         models.load_model(path)
     assert "\n" not in str(err.value)
@@ -163,7 +165,7 @@ def test_a_model_left_on_the_meta_device_is_refused_in_one_line(tmp_path, tokeni
 def test_waiting_for_a_load_can_be_stopped(tmp_path, tokenizer, monkeypatch):
     path = str(_tiny_dir(tmp_path, tokenizer))
     release = threading.Event()
-    real = models._auto_class
+    real = loading._auto_class
 
     class Slow:
         @staticmethod
@@ -177,7 +179,7 @@ def test_waiting_for_a_load_can_be_stopped(tmp_path, tokenizer, monkeypatch):
         state["args"] = args
         return Slow
 
-    monkeypatch.setattr(models, "_auto_class", slow)
+    monkeypatch.setattr(loading, "_auto_class", slow)
     stop = threading.Event()
     stop.set()
     with pytest.raises(Cancelled):
@@ -186,7 +188,7 @@ def test_waiting_for_a_load_can_be_stopped(tmp_path, tokenizer, monkeypatch):
     release.set()
     handle = models.load_model(path)
     assert models.load_model(path) is handle
-    assert models._inflight == {}
+    assert model_cache._inflight == {}
 
 
 def test_hub_id_while_offline_fails_in_one_line(monkeypatch):
@@ -254,7 +256,7 @@ def test_unreachable_hub_id_fails_instead_of_hanging(tmp_path, offline):
 
 def test_model_info_reads_the_config_only(empty_cache):
     info = models.model_info("tiny-shakespeare")
-    assert not models._cache and not models._inflight  # nothing was loaded
+    assert not model_cache._cache and not model_cache._inflight  # nothing was loaded
     handle = models.load_model("tiny-shakespeare")
     assert info["kind"] == "causal" and info["source"] == "bundled"
     assert info["context_length"] == handle.context_length
