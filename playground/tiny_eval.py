@@ -264,7 +264,7 @@ def model_card(stage: str, ev: dict) -> str:
                   "(`AutoModelForMaskedLM`, no remote code); its mask token is `<|mask|>`.", ""]
     lines += [
         f"**Not a useful language model** — {t['parameters'] / 1e6:.2f}M parameters trained for "
-        "minutes on a CPU. It exists so every decoder family runs on real, trained distributions "
+        f"minutes on {'one GPU' if 'CUDA' in t.get('hardware', '') else 'a CPU'}. It exists so every decoder family runs on real, trained distributions "
         "offline, in tests and demos.", "",
         "## Recipe", "",
         f"- Architecture: `{t['architecture']}` ({arch}, vocab {f_vocab(ev)}, "
@@ -277,8 +277,17 @@ def model_card(stage: str, ev: dict) -> str:
         f"- Training: {t['steps']} steps x {t['batch_size']} sequences x {t['seq_len']} tokens = "
         f"**{t['tokens_seen']:,} tokens seen**; AdamW (0.9, 0.95), lr {t['lr']} warmup "
         f"{t['warmup']} cosine to {t['min_lr']}, weight decay {t['weight_decay']}, grad clip 1.0"
-        + (", bf16 autocast" if t.get("bf16_autocast") else ""),
+        + (", bf16 autocast" if t.get("bf16_autocast") else "")
+        + (f", residual dropout {t['dropout']} (training-time hooks; nothing in the config)"
+           if t.get("dropout") else "")
+        + (f"; capped at {t['max_seconds']:.0f} s, the cosine following the time"
+           if t.get("max_seconds") else ""),
     ]
+    if t.get("early_stopping"):
+        lines += [f"- Early stopping: the last {t['holdout_tokens']:,} tokens of the training "
+                  "stream are held out (not trained on); their loss is measured periodically during training "
+                  f"steps and the best weights are kept (step {t['best_step']}, held-out loss "
+                  f"{t['holdout_loss']:.4f}). The validation split below is never used to choose."]
     if stage == "diffusion":
         lines += [
             "- Attention: the first layers use sliding-window attention (+-8 tokens), the last "
@@ -292,14 +301,19 @@ def model_card(stage: str, ev: dict) -> str:
             "match how the diffusion decoders use the model (prompt, then masks)"
             + (" — see the measurement below." if ev.get("ablation") else "."),
         ]
+        if t.get("high_mask_share"):
+            lines += [f"- High masking ratios: {t['high_mask_share']:.0%} of the sequences draw "
+                      f"t ~ U({t['high_t']}, 1) instead, since diffusion decoding starts from a "
+                      "fully masked canvas."]
     lines += [
         f"- Wall time: {t['train_seconds'] / 60:.1f} minutes of training on {t['hardware']}"
         + (f"; mean 1-minute load average during training {t['mean_load_avg']:.1f}"
            if t.get("mean_load_avg") is not None else "")
         + (" (the CPU was shared with other jobs, so the time is indicative)"
            if t.get("cpu_shared") else ""),
-        f"- Seed: {t['seed']}. Retrain: `python -m playground.train_tiny --only "
-        f"{stage} --threads 2` (see docs/models.md).", "",
+        f"- Seed: {t['seed']}. Retrain: `python -m playground.train_tiny --only {stage} "
+        + ("--device cuda` (recipe `gpu`; the whole GPU run: `scripts/gpu_session.sh`)"
+           if t.get("recipe") == "gpu" else "--threads 2`") + " (see docs/models.md).", "",
         "## Validation figures", "",
         f"Measured in fp32 on {s['windows']} evenly spaced {s['seq_len']}-token windows "
         f"({s['tokens']:,} tokens) of the held-out split (last 5% of every work); recomputed by "
