@@ -35,6 +35,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from decoders._cache import (CacheInfo, cache_len, check_rollback, crop_layers, fit_tree_mask, rollback_cache,
+                             select_cache)
 from decoders.ar import dist_evidence, sample_index
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
@@ -222,53 +224,6 @@ def columns_mask(rows: Sequence[Sequence[int]], prefix: int, kv_len: int, dtype:
     return mask.to(device)
 
 
-def cache_len(cache: Any, layer: int = 0) -> int:
-    """Positions held by one layer of a KV cache."""
-    if cache is None:
-        return 0
-    try:
-        return int(cache.get_seq_length(layer))
-    except TypeError:
-        return int(cache.get_seq_length())
-
-
-def select_cache(cache: Any, keep: Sequence[int]) -> None:
-    """Keep only the cache positions ``keep`` (in that order), in every layer.
-
-    Used to reduce the cache to the accepted path of a verified tree. Falls back to a crop
-    when ``keep`` is a prefix.
-    """
-    keep = list(keep)
-    n = cache_len(cache)
-    if keep == list(range(len(keep))):
-        crop_layers(cache, len(keep))
-        return
-    idx = None
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        if layer.keys.shape[-2] != n:
-            raise RuntimeError("select_cache: layers of unequal length")
-        if idx is None or idx.device != layer.keys.device:
-            idx = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)
-        layer.values = layer.values.index_select(-2, idx)
-
-
-def crop_layers(cache: Any, length: int, layers: int | None = None) -> None:
-    """Keep the first ``length`` positions of the first ``layers`` layers (all by default).
-
-    Unlike ``DynamicCache.crop`` this looks at each layer's own length, so a cache whose
-    first layers hold more positions (an early-exit draft wrote them) is cut correctly.
-    """
-    for layer in list(cache.layers)[: layers if layers is not None else len(cache.layers)]:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        if layer.keys.shape[-2] > length:
-            layer.keys = layer.keys[..., :length, :]
-            layer.values = layer.values[..., :length, :]
-
-
 # ---------------------------------------------------------------------- drafting helpers
 def draw_without_replacement(probs: torch.Tensor, k: int, us: Sequence[float]) -> list[int]:
     """Up to ``k`` distinct tokens drawn in sequence from ``probs`` without replacement
@@ -430,6 +385,7 @@ class Verified:
     root_token: int
     stopped: str | None = None
     correction_dist: dict[str, Any] | None = None
+    mismatches: int = 0           # committed tokens that were not the verified argmax (T=0)
 
     def row(self, node: int) -> torch.Tensor:
         """Target logits at a tree node (``ROOT`` = the last committed token)."""
@@ -460,6 +416,12 @@ class SpecDecoder(Decoder):
         """The trace step of a verification."""
         return Step("draft", v.committed, tree=tree_evidence(v), root=v.root_token,
                     correction_dist=v.correction_dist)
+
+    def _step(self, ctx: Context, v: Verified) -> Step:
+        step = self.make_step(ctx, v)
+        if v.mismatches:
+            step.evidence["lossless_mismatch"] = v.mismatches
+        return step
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
         return str(params.get("accept", "strict")) in LOSSY_RULES
@@ -503,7 +465,11 @@ class SpecDecoder(Decoder):
         self.rule = Rule(knobs)
         self.prompt = list(ctx.prompt_ids)
         self.out: list[int] = []
-        self.cache = ctx.target.new_cache()
+        self.cache_info: CacheInfo = check_rollback(self.name, ctx.target)
+        self.cache = rollback_cache(ctx.target, self.cache_info)
+        # at temperature 0 with the strict rule every committed token must be the verified
+        # row's argmax: counted, never silently different text
+        self.check_lossless = self.greedy and self.rule.name == "strict" and bool(self.lossless)
         self.pending: list[int] = list(self.prompt)
         self._counters: dict[str, int] = {}
         self.acc = _Stats()
@@ -519,7 +485,7 @@ class SpecDecoder(Decoder):
             self.out.extend(v.committed)
             self.after_verify(ctx, v)
             self.extra_stats = self.acc.stats(self)
-            yield self.make_step(ctx, v)
+            yield self._step(ctx, v)
             if v.stopped:
                 self.finish_reason = v.stopped
                 return
@@ -531,6 +497,7 @@ class SpecDecoder(Decoder):
         fed = list(self.pending) + tree.tokens
         parents = [i - 1 for i in range(n_pend)] + [n_pend - 1 if p == ROOT else n_pend + p for p in tree.parents]
         mask, pos = tree_inputs(parents, past, ctx.target.dtype, ctx.target.device)
+        mask = fit_tree_mask(mask, pos, past, self.cache_info)
         out = ctx.target.forward(fed, cache=self.cache, attention_mask=mask, position_ids=pos,
                                  **self.forward_kwargs(ctx))
         self.cache = out.cache
@@ -579,6 +546,7 @@ class SpecDecoder(Decoder):
                         v.node_info[c]["lossy"] = True
                 if idx is not None:
                     child = kids[idx]
+                    self._audit(v, p, tree.tokens[child])
                     v.path.append(child)
                     path_tokens.append(tree.tokens[child])
                     if self._commit(ctx, v, tree.tokens[child]):
@@ -596,8 +564,15 @@ class SpecDecoder(Decoder):
                                               min(ctx.top_k_evidence, 10))
             if lossy_reject and tok != tree.tokens[kids[len(trials) - 1]]:
                 self.acc.lossy_tokens += 1  # EASD rejected a token strict would have kept
+            self._audit(v, p, tok)
             self._commit(ctx, v, tok)
             return
+
+    def _audit(self, v: Verified, p: torch.Tensor, tok: int) -> None:
+        """The runtime lossless check: at temperature 0 (strict rule) a committed token must
+        be the argmax of the distribution it was verified against."""
+        if self.check_lossless and int(torch.argmax(p)) != int(tok):
+            v.mismatches += 1
 
     def _commit(self, ctx: Context, v: Verified, tok: int) -> bool:
         """Append a committed token; True when the run must stop after it."""
@@ -654,6 +629,7 @@ class _Stats:
         self.sources: Counter[str] = Counter()
         self.lossy_tokens = 0
         self.tokens = 0
+        self.mismatches = 0
 
     def add(self, v: Verified) -> None:
         self.steps += 1
@@ -667,6 +643,7 @@ class _Stats:
             self.sources["target"] += 1
         self.lossy_tokens += sum(1 for i in v.path if v.node_info.get(i, {}).get("lossy"))
         self.tokens += len(v.committed)
+        self.mismatches += v.mismatches
 
     def stats(self, dec: SpecDecoder) -> dict[str, Any]:
         total = max(1, sum(self.sources.values()))
@@ -679,6 +656,8 @@ class _Stats:
             "accepted_length_hist": {str(k): self.hist[k] for k in sorted(self.hist)},
             "source_share": {k: round(c / total, 4) for k, c in sorted(self.sources.items())},
         }
+        if getattr(dec, "check_lossless", False):
+            out["lossless_mismatch"] = self.mismatches
         if dec.rule.lossy:
             out["lossy_tokens"] = self.lossy_tokens
             out["accept_rule"] = dec.rule.name

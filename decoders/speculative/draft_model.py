@@ -9,21 +9,23 @@ import torch
 
 from decoders.ar import sample_index
 from decoders.base import Context, Float, Int, PlaygroundError, register
+from decoders._cache import CacheInfo, cache_info, check_rollback, crop_layers, masks_by_type, rollback_cache
 from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
-                                          crop_layers, draw_without_replacement, rule_params,
-                                          sampling_params)
+                                          draw_without_replacement, rule_params, sampling_params)
 
 
-def fit_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
-    """A draft distribution over the target's vocabulary size (padded rows cut or zero-filled)."""
-    n = probs.numel()
+def fit_logits(logits: torch.Tensor, size: int) -> torch.Tensor:
+    """Draft logits over the target's vocabulary size: models of one family often pad their
+    embedding tables to different sizes over one tokenizer (Qwen2.5 0.5B vs 7B), so the two
+    are compared on the shared ids; a draft's extra rows are cut and ids only the target has
+    get -inf (the draft never proposes them)."""
+    n = logits.shape[-1]
     if n == size:
-        return probs
+        return logits
     if n > size:
-        out = probs[:size].clone()
-        s = float(out.sum())
-        return out / s if s > 0 else out
-    return torch.cat([probs, torch.zeros(size - n, dtype=probs.dtype, device=probs.device)])
+        return logits[..., :size]
+    pad = torch.full((*logits.shape[:-1], size - n), float("-inf"), dtype=logits.dtype, device=logits.device)
+    return torch.cat([logits, pad], dim=-1)
 
 
 def check_draft_context(ctx: Context) -> None:
@@ -34,13 +36,29 @@ def check_draft_context(ctx: Context) -> None:
                               f"model {ctx.draft.name!r} ({ctx.draft.context_length} tokens)")
 
 
+def check_draft(decoder: str, ctx: Context) -> CacheInfo:
+    """Refuse a draft whose cache cannot be cut back, or one that cannot read the ids the
+    target may commit (its embedding table is smaller than the tokenizer); else its cache info."""
+    info = check_rollback(decoder, ctx.draft, role="draft model")
+    emb = ctx.draft.model.get_input_embeddings() if hasattr(ctx.draft.model, "get_input_embeddings") else None
+    rows = int(emb.weight.shape[0]) if emb is not None else ctx.draft.vocab_size
+    tokens = len(ctx.target.tokenizer)
+    if rows < min(tokens, ctx.target.vocab_size):
+        raise PlaygroundError(f"draft model {ctx.draft.name!r} embeds {rows} token ids, fewer than the "
+                              f"{min(tokens, ctx.target.vocab_size)} its tokenizer and {ctx.target.name!r} use")
+    return info
+
+
 class DraftState:
     """A draft model's KV cache and the ids it holds; catches up on newly committed tokens."""
 
-    def __init__(self, view: Any) -> None:
+    def __init__(self, view: Any, info: CacheInfo | None = None) -> None:
         self.view = view
-        self.cache = view.new_cache()
+        self.info = info or cache_info(view)
+        self.cache = rollback_cache(view, self.info)
         self.ids: list[int] = []
+        emb = view.model.get_input_embeddings() if hasattr(view.model, "get_input_embeddings") else None
+        self.rows = int(emb.weight.shape[0]) if emb is not None else int(view.vocab_size)
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions."""
@@ -62,6 +80,10 @@ class DraftState:
 
     def feed(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:
         """Feed ``ids`` after the cache; return their logits (len, V)."""
+        if ids and max(ids) >= self.rows:
+            # a padded id only the target's table has (real checkpoints never pick one)
+            raise PlaygroundError(f"the target committed token id {max(ids)}, which draft model "
+                                  f"{self.view.name!r} cannot embed ({self.rows} ids)")
         out = self.view.forward(list(ids), cache=self.cache, **kw)
         self.cache = out.cache
         self.ids.extend(int(i) for i in ids)
@@ -97,7 +119,7 @@ class Speculative(SpecDecoder):
 
     def setup(self, ctx: Context) -> None:
         check_draft_context(ctx)
-        self.d = DraftState(ctx.draft)
+        self.d = DraftState(ctx.draft, check_draft(self.name, ctx))
 
     def draft(self, ctx: Context, max_depth: int) -> Tree:
         tree = Tree()
@@ -109,8 +131,9 @@ class Speculative(SpecDecoder):
         logits = self.d.catch_up(self.committed_ids)
         parent, drafted, conf = ROOT, [], 1.0
         for i in range(gamma):
-            q = fit_vocab(self.chain.probs(logits.float(), self.history(ctx, drafted)), V)
-            qr = fit_vocab(torch.softmax(logits.float(), -1), V) if self.greedy else q
+            logits = fit_logits(logits.float(), V)
+            q = self.chain.probs(logits, self.history(ctx, drafted))
+            qr = torch.softmax(logits, -1) if self.greedy else q
             x = sample_index(q, self.next_uniform(ctx, "draft"))
             tree.dists[parent], tree.rule_q[parent] = q, qr
             parent = tree.add(x, parent, float(qr[x]), "draft-model")
@@ -155,7 +178,7 @@ class SpecTree(SpecDecoder):
 
     def setup(self, ctx: Context) -> None:
         check_draft_context(ctx)
-        self.d = DraftState(ctx.draft)
+        self.d = DraftState(ctx.draft, check_draft(self.name, ctx))
 
     def draft(self, ctx: Context, max_depth: int) -> Tree:
         tree = Tree()
@@ -169,6 +192,7 @@ class SpecTree(SpecDecoder):
         root_logits = self.d.catch_up(committed)
         base = len(self.d.ids)
         col: dict[int, int] = {}  # node -> its column in the draft cache
+        colpos: dict[int, int] = {}  # draft cache column -> its position (windowed masks need it)
         frontier: list[tuple[int, float, torch.Tensor]] = [(ROOT, 1.0, root_logits)]
         for depth in range(1, depth_max + 1):
             new: list[tuple[int, float]] = []
@@ -177,8 +201,9 @@ class SpecTree(SpecDecoder):
                 if n_kids <= 0:
                     break
                 path = tree.path_tokens(node) if node != ROOT else []
-                q = fit_vocab(self.chain.probs(logits.float(), self.history(ctx, path)), V)
-                qr = fit_vocab(torch.softmax(logits.float(), -1), V) if self.greedy else q
+                logits = fit_logits(logits.float(), V)
+                q = self.chain.probs(logits, self.history(ctx, path))
+                qr = torch.softmax(logits, -1) if self.greedy else q
                 if self.greedy:
                     kids = torch.topk(qr, min(n_kids, V)).indices.tolist()
                     tree.dists[node] = None  # deterministic top-k
@@ -204,10 +229,14 @@ class SpecTree(SpecDecoder):
                 toks.append(tree.tokens[c])
                 pos.append(base - 1 + tree.depth(c))
             mask = columns_mask(rows, base, start + len(sel), ctx.draft.dtype, ctx.draft.device)
+            if self.d.info.kind == "windowed":
+                kv_pos = list(range(base)) + [colpos[j] for j in range(base, start)] + pos
+                mask = masks_by_type(mask.cpu(), torch.tensor(pos), torch.tensor(kv_pos), self.d.info)
             logits = self.d.feed(toks, attention_mask=mask,
                                  position_ids=torch.tensor([pos], device=ctx.draft.device))
             for r, (c, s) in enumerate(sel):
                 col[c] = start + r
+                colpos[start + r] = pos[r]
             frontier = [(c, s, logits[r]) for r, (c, s) in enumerate(sel)]
         self.d.crop(base)  # tree nodes out of the draft cache; accepted ones are re-fed next step
         return tree

@@ -10,8 +10,8 @@ import torch
 from decoders.ar import sample_index
 from decoders.base import Bool, Context, Float, Int, PlaygroundError, register
 from decoders.processors import History
-from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, cache_len,
-                                          crop_layers, rule_params, sampling_params)
+from decoders._cache import cache_len, crop_layers
+from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from playground.trace import Step
 
 
