@@ -289,3 +289,74 @@ def test_mbr_returns_the_consensus_sample(llama):
     best = trace.stats["chosen_sample"]
     assert samples[best]["utility"] == max(x["utility"] for x in samples)
     assert trace.output_ids == seqs[best]
+
+
+# ---------------------------------------------------------------------- patience (Kasai et al. 2022)
+@pytest.mark.parametrize("es", ["false", "true"])
+def test_patience_one_is_transformers_beam(llama, es):
+    stop = a_stop_token(llama, PROMPTS[0], 4)
+    trace = run(llama, "beam", PROMPTS[0], N, {"num_beams": 4, "patience": 1.0, "early_stopping": es,
+                                               "num_return_sequences": 4}, stop)
+    seqs, scores = hf_beams(llama, trace.prompt_ids, 4, N, stop, nret=4, es={"false": False, "true": True}[es])
+    assert [s["ids"] for s in trace.stats["sequences"]] == seqs
+    assert [s["score"] for s in trace.stats["sequences"]] == pytest.approx(scores, abs=1e-4)
+
+
+def _finished(trace) -> int:
+    return sum(1 for s in trace.steps for b in s.evidence["beams"] if b["finished"])
+
+
+def test_patience_moves_the_stopping_point(llama):
+    """With early_stopping=true the search ends once ceil(patience * k) hypotheses have
+    finished: more patience searches longer and can only find an equal or better best."""
+    stops = set(run(llama, "beam", PROMPTS[1], 12, {"num_beams": 3}).output_ids[1:8])  # frequent finishes
+
+    def beam(patience):
+        r = prepare(model=llama, decoder="beam", prompt=PROMPTS[1], max_new_tokens=12,
+                    params={"num_beams": 2, "early_stopping": "true", "patience": patience})
+        r.ctx.stop_ids = stops
+        return r.finish()
+
+    less, one, more = beam(0.5), beam(1.0), beam(3.0)
+    assert _finished(less) == 1 and less.output_ids[-1] in stops  # the first finish ends it
+    assert _finished(one) == 2 and one.output_ids[-1] in stops
+    assert _finished(more) >= 6 or len(more.steps) == 12
+    assert len(less.steps) < len(one.steps) < len(more.steps)
+    assert more.stats["sequences"][0]["score"] > one.stats["sequences"][0]["score"]  # it found a better one
+
+
+# ---------------------------------------------------------------------- UID beam search
+def test_uid_beam_with_lam_zero_is_beam(llama):
+    stop = a_stop_token(llama, PROMPTS[1], 4)
+    knobs = {"num_beams": 4, "num_return_sequences": 4}
+    b = run(llama, "beam", PROMPTS[1], N, knobs, stop)
+    u = run(llama, "uid_beam", PROMPTS[1], N, {**knobs, "lam": 0.0}, stop)
+    assert u.output_ids == b.output_ids
+    assert u.stats["sequences"] == b.stats["sequences"]
+    assert [s.evidence["beams"] for s in u.steps] == [s.evidence["beams"] for s in b.steps]
+
+
+def _surprisals(handle, prompt_ids, ids):
+    logits = handle.forward(list(prompt_ids) + list(ids)).logits[0]
+    lp = torch.log_softmax(logits.double(), -1)
+    return [-float(lp[len(prompt_ids) - 1 + i, t]) for i, t in enumerate(ids)]
+
+
+def test_uid_beam_ranks_by_logp_minus_surprisal_variance(llama):
+    lam = 3.0
+    trace = run(llama, "uid_beam", PROMPTS[2], 6, {"num_beams": 3, "lam": lam, "length_penalty": 0.0})
+    for step in trace.steps[1:]:
+        for b in step.evidence["beams"]:
+            s = _surprisals(llama, trace.prompt_ids, b["ids"])
+            var = float(torch.tensor(s, dtype=torch.float64).var(unbiased=False))
+            assert b["logprob"] == pytest.approx(-sum(s), abs=1e-3)
+            assert b["score"] == pytest.approx(-sum(s) - lam * var, abs=1e-3)
+    s = _surprisals(llama, trace.prompt_ids, trace.output_ids)
+    assert trace.stats["surprisals"] == pytest.approx(s, abs=1e-3)
+    uid = trace.steps[-1].evidence["uid"]
+    assert uid["lam"] == lam and len(uid["surprisals"]) >= 1
+    plain = run(llama, "beam", PROMPTS[2], 6, {"num_beams": 3, "length_penalty": 0.0})
+    ps = _surprisals(llama, trace.prompt_ids, plain.output_ids)
+    var = lambda xs: float(torch.tensor(xs, dtype=torch.float64).var(unbiased=False))  # noqa: E731
+    # the regularised objective of uid_beam's answer is at least that of plain beam's answer
+    assert -sum(s) - lam * var(s) >= -sum(ps) - lam * var(ps) - 1e-4

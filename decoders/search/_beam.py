@@ -4,6 +4,7 @@ uniform-information-density regulariser of ``uid_beam``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -69,6 +70,8 @@ class Hyp:
     ids: list[int]
     score: float
     group: int = 0
+    logprob: float | None = None
+    surprisals: list[float] | None = None
 
 
 @dataclass
@@ -81,6 +84,12 @@ class BeamGroup:
     enter the pool of finished hypotheses with score ``logprob / length ** length_penalty``,
     unless the pool is full and ``early_stopping`` is true, or no running beam can beat the
     worst pooled one any more (the early-stop heuristic). The pool keeps its best ``k``.
+
+    ``patience`` (Kasai et al. 2022) moves the stopping point: the pool counts as full at
+    ``need = ceil(patience * k)`` finished hypotheses (and holds ``max(k, need)``), and the
+    heuristic compares against the ``need``-th best of them; 1.0 is transformers exactly.
+    ``uid_lam`` > 0 ranks hypotheses by ``logprob - lam * var(surprisals)`` (Meister et al.
+    2020's UID regulariser) instead of ``logprob``; 0 is plain beam search, bit for bit.
     """
 
     k: int
@@ -89,6 +98,8 @@ class BeamGroup:
     early_stopping: Any  # True, False or "never", as transformers
     max_new: int
     group: int = 0
+    patience: float = 1.0
+    uid_lam: float = 0.0
     running: list[list[int]] = field(default_factory=list)
     scores: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     pool: list[Hyp] = field(default_factory=list)
@@ -100,6 +111,25 @@ class BeamGroup:
         # Only beam 0 is live at first: the k copies of the prompt must not all propose the same tokens.
         self.scores = torch.full((self.k,), -BIG, dtype=torch.float32)
         self.scores[0] = 0.0
+        self.need = max(1, math.ceil(self.patience * self.k - 1e-9))
+        self.capacity = max(self.k, self.need)
+        # summed log-probability and surprisals of each running beam (``scores`` ranks them)
+        self.logp = self.scores.clone()
+        self.surprisals: list[list[float]] = [[] for _ in range(self.k)]
+
+    def rank(self, logprobs: torch.Tensor, t: int) -> torch.Tensor:
+        """(k, V) ranking scores of every one-token continuation of the running beams."""
+        if not self.uid_lam:
+            return logprobs + self.scores[:, None]
+        acc = logprobs + self.logp[:, None]
+        s = -logprobs.double()
+        n = t + 1
+        s1 = torch.tensor([sum(x) for x in self.surprisals], dtype=torch.float64)[:, None] + s
+        s2 = torch.tensor([sum(v * v for v in x) for x in self.surprisals], dtype=torch.float64)[:, None] + s * s
+        var = (s2 / n - (s1 / n) ** 2).clamp(min=0.0)
+        out = (acc.double() - self.uid_lam * var).float()
+        # a dead beam (score -BIG) stays out, whatever its variance says
+        return torch.where(self.logp[:, None] <= -BIG / 2, torch.full_like(out, -BIG), out)
 
     def step(self, logprobs: torch.Tensor, t: int, ctx: Context) -> tuple[list[int], list[int], list[Hyp], list[int]]:
         """Advance by one token given (k, V) log-probs at generated length ``t``.
@@ -107,7 +137,7 @@ class BeamGroup:
         Returns (parents, tokens, newly finished hyps, their parents) for the next beams.
         """
         k, vocab = self.k, logprobs.shape[-1]
-        acc = (logprobs + self.scores[:, None]).reshape(-1)
+        acc = self.rank(logprobs, t).reshape(-1)
         keep = min(max(2, 1 + self.n_stop) * k, acc.numel())
         top_vals, top_idx = torch.topk(acc, keep)
         beam_of = (top_idx // vocab).tolist()
@@ -124,7 +154,7 @@ class BeamGroup:
         # finished pool: only candidates ranked in the top k may enter
         finished: list[Hyp] = []
         fin_parents: list[int] = []
-        blocked = (len(self.pool) == k and self.early_stopping is True) or not self.improvable
+        blocked = (len(self.pool) >= self.need and self.early_stopping is True) or not self.improvable
         fin_scores = top_vals / ((t + 1) ** self.length_penalty)
         for j in range(min(k, keep)):
             if bool(hit[j]) and not blocked:
@@ -133,7 +163,17 @@ class BeamGroup:
         if finished:
             merged = self.pool + finished
             order = sorted(range(len(merged)), key=lambda i: -merged[i].score)
-            self.pool = [merged[i] for i in order[:k]]
+            self.pool = [merged[i] for i in order[:self.capacity]]
+        if self.uid_lam:
+            flat_lp = (logprobs + self.logp[:, None]).reshape(-1)
+            entered = [j for j in range(min(k, keep)) if bool(hit[j]) and not blocked]
+            for h, j in zip(finished, entered):
+                b, tok = beam_of[j], token_of[j]
+                h.logprob = float(flat_lp[top_idx[j]])
+                h.surprisals = self.surprisals[b] + [-float(logprobs[b, tok])]
+            self.logp = torch.stack([flat_lp[top_idx[j]] for j in sel])
+            self.surprisals = [self.surprisals[beam_of[j]] + [-float(logprobs[beam_of[j], token_of[j]])]
+                               for j in sel]
         self.running, self.scores = new_running, new_scores
         # early-stop heuristic and the loop condition, as transformers computes them
         if self.early_stopping == "never" and self.length_penalty > 0.0:
@@ -141,9 +181,9 @@ class BeamGroup:
         else:
             best_len = t + 1
         best_possible = float(new_scores[0] / (best_len ** self.length_penalty))
-        worst = min(h.score for h in self.pool) if len(self.pool) == k else -BIG
+        worst = self.pool[self.need - 1].score if len(self.pool) >= self.need else -BIG
         self.improvable = self.improvable and best_possible > worst
-        full = len(self.pool) == k and self.early_stopping is True
+        full = len(self.pool) >= self.need and self.early_stopping is True
         self.done = (not self.improvable) or full or bool(hit.all())
         return parents, tokens, finished, fin_parents
 
@@ -175,21 +215,26 @@ def _beam_knobs(beams_default: int, beams_lo: int) -> dict[str, Any]:
                               "true: stop when num_beams hypotheses finished; false: transformers' heuristic; "
                               "never: canonical beam search"),
         num_return_sequences=Int(1, 1, 64, "finished hypotheses to return (the best is the output)"),
+        patience=Float(1.0, 0.1, 10.0, "Kasai et al. 2022: the search counts as finished at patience x num_beams "
+                                       "finished hypotheses (1 = transformers; >1 searches on, <1 stops sooner)"),
     )
 
 
 def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: int,
-                      diversity_penalty: float) -> Iterator[Step]:
+                      diversity_penalty: float, uid_lam: float = 0.0) -> Iterator[Step]:
     """Beam search over ``groups`` groups of beams in one batch (1 group = plain beam search).
 
     Group ``g`` sees log-probs lowered by ``diversity_penalty`` times the number of times
     each token was chosen by groups ``0..g-1`` at this same step (Hamming diversity).
+    ``uid_lam`` > 0 ranks by the UID-regularised score (see :class:`BeamGroup`); its steps
+    then carry each beam's ``logprob`` and a ``uid`` field (the best beam's surprisals).
     """
     p = ctx.params
     gs = num_beams // groups
     es = _early_stopping(p["early_stopping"])
     n_stop = len(ctx.stop_ids)
-    bank = [BeamGroup(gs, n_stop, p["length_penalty"], es, ctx.max_new_tokens, group=g) for g in range(groups)]
+    bank = [BeamGroup(gs, n_stop, p["length_penalty"], es, ctx.max_new_tokens, group=g,
+                      patience=float(p.get("patience", 1.0)), uid_lam=uid_lam) for g in range(groups)]
     state = BatchState(ctx.target, ctx.prompt_ids, num_beams)
     logits = state.first[None].expand(num_beams, -1)
     prev_pos: dict[int, int] = {}  # global row -> index in the previous step's beams list
@@ -222,10 +267,17 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
                     running_ev.append({"ids": list(grp.running[j]), "score": round(float(grp.scores[j]), 5),
                                        "parent": prev_pos.get(base + parents[j]), "finished": False,
                                        "group": g})
+                    if uid_lam:
+                        running_ev[-1]["logprob"] = round(float(grp.logp[j]), 5)
             for h, par in zip(fin, fin_par):
                 finished_ev.append({"ids": list(h.ids), "score": round(h.score, 5),
                                     "parent": prev_pos.get(base + par), "finished": True, "group": g})
-        yield Step("beam", [], beams=running_ev + finished_ev, groups=groups)
+                if uid_lam:
+                    finished_ev[-1]["logprob"] = round(float(h.logprob), 5)
+        extra: dict[str, Any] = {}
+        if uid_lam:
+            extra["uid"] = uid_evidence(bank[0], uid_lam)
+        yield Step("beam", [], beams=running_ev + finished_ev, groups=groups, **extra)
         prev_pos = row_pos
         if all(grp.done for grp in bank):
             break
@@ -239,3 +291,27 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
     decoder.finish_reason = finish_reason_of(ctx, best.ids)
     decoder.extra_stats["sequences"] = [{"ids": h.ids, "score": round(h.score, 5), "group": h.group}
                                         for h in pool[: p["num_return_sequences"]]]
+    if uid_lam and best.surprisals is not None:
+        decoder.extra_stats["surprisals"] = [round(x, 5) for x in best.surprisals]
+        decoder.extra_stats["surprisal_variance"] = round(surprisal_variance(best.surprisals), 6)
+
+
+def surprisal_variance(xs: Sequence[float]) -> float:
+    """Population variance of a surprisal sequence (0 for fewer than two tokens)."""
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / len(xs)
+
+
+def uid_evidence(grp: BeamGroup, lam: float) -> dict[str, Any]:
+    """The ``uid`` field of a ``uid_beam`` step: the best finished-or-running hypothesis's
+    surprisal curve, its variance and the regularised score."""
+    best_run = int(torch.argmax(grp.scores)) if grp.scores.numel() else 0
+    cand = [(float(grp.scores[best_run]), grp.surprisals[best_run], float(grp.logp[best_run]), False)]
+    if grp.pool and grp.pool[0].surprisals is not None:
+        h = grp.pool[0]
+        cand.append((h.score, h.surprisals, float(h.logprob or 0.0), True))
+    score, surps, lp, fin = max(cand, key=lambda c: c[0])
+    return {"lam": lam, "surprisals": [round(x, 4) for x in surps], "variance": round(surprisal_variance(surps), 5),
+            "logprob": round(lp, 5), "score": round(score, 5), "finished": fin}

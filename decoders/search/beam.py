@@ -17,6 +17,9 @@ class Beam(Decoder):
     Implements: top-``max(2, 1 + #stop tokens) * k`` expansion, finished-hypothesis pool with
     length penalty ``logprob / len^length_penalty``, ``early_stopping`` true/false/never and
     transformers' early-stop heuristic; verified token for token against ``generate``.
+    ``patience`` (Kasai et al. 2022) counts the search as finished only at
+    ``ceil(patience * k)`` finished hypotheses: 1.0 is transformers' behaviour, larger
+    values search on past the first k finishes, smaller ones stop sooner.
     The output is the best finished hypothesis; the ``num_return_sequences`` best are in
     ``stats.sequences``. Simplifies: no logits processors inside the search; one prompt.
     """
@@ -26,7 +29,8 @@ class Beam(Decoder):
     kind = "causal"
     step_kind = "beam"
     params = BeamParams(**_beam_knobs(4, 1))
-    reference = "Beam search (Lowerre 1976; Graves 2012; Sutskever et al. 2014); transformers 5 semantics"
+    reference = ("Beam search (Lowerre 1976; Graves 2012; Sutskever et al. 2014); transformers 5 semantics; "
+                 "Kasai et al. 2022, A Call for Clarity in Beam Search: How It Works and When It Stops (patience)")
     description = "Keep the k best partial sequences; return the best finished one"
 
     def run(self, ctx: Context) -> Iterator[Step]:
