@@ -22,18 +22,32 @@ LANE_FIELDS = ("decoder", "knobs", "draft", "model")
 
 def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, seed: int = 0,
              draft: str | None = None, stop: list[str] | None = None, chat: bool = False,
+             system_prompt: str | None = None, trust_remote_code: bool = False,
              **params: Any) -> dict[str, Any]:
     """Run one decoder and return its trace as a JSON-ready dict (the CLI's ``--json``).
 
     Models are loaded once and cached in the process. Knobs go in ``params`` by name, e.g.
     ``generate(model="tiny-shakespeare", decoder="top_p", prompt="ROMEO:", p=0.9)``.
+    ``chat=True`` (with an optional ``system_prompt``) sends the prompt through the model's chat
+    template; ``trust_remote_code=True`` lets a model's own code run (LLaDA, Dream) where
+    :func:`remote_code_allowed`.
     Bad input raises :class:`playground.PlaygroundError` with a one-line message.
     """
     from playground.engine import prepare
 
     run = prepare(model=model, decoder=decoder, prompt=prompt, max_new_tokens=max_new_tokens,
-                  seed=seed, draft=draft, params=params, stop=stop, chat=chat)
+                  seed=seed, draft=draft, params=params, stop=stop, chat=chat,
+                  system_prompt=system_prompt, trust_remote_code=trust_remote_code)
     return run.finish().to_dict()
+
+
+def remote_code_allowed() -> bool:
+    """Whether this instance lets a request opt in to a model's own code (``trust_remote_code``):
+    the page shows its remote-code control only where this is true (see
+    :func:`playground.hosting.remote_code_allowed`)."""
+    from playground.hosting import remote_code_allowed as allowed
+
+    return allowed()
 
 
 def list_decoders(family: str | None = None) -> list[dict[str, Any]]:
@@ -50,7 +64,8 @@ class ComparePlan:
     """A comparison fully resolved: page settings and one entry per lane.
 
     Each lane is ``{"decoder", "params", "draft", "model", "max_new_tokens"}``; ``model`` and
-    ``max_new_tokens`` are None where the lane takes the comparison's.
+    ``max_new_tokens`` are None where the lane takes the comparison's. ``chat`` and
+    ``system_prompt`` apply to every lane alike (each lane's model uses its own template).
     """
 
     model: str
@@ -61,12 +76,15 @@ class ComparePlan:
     lanes: tuple[dict[str, Any], ...]
     preset: str | None = None
     title: str | None = None
+    chat: bool = False
+    system_prompt: str | None = None
 
     def requests(self) -> list[dict[str, Any]]:
         """The keyword arguments of ``engine.prepare`` for each lane, in lane order."""
         return [{"model": lane["model"] or self.model, "decoder": lane["decoder"], "prompt": self.prompt,
                  "max_new_tokens": int(lane["max_new_tokens"] or self.max_new_tokens), "seed": self.seed,
-                 "draft": lane["draft"], "params": dict(lane["params"])} for lane in self.lanes]
+                 "draft": lane["draft"], "params": dict(lane["params"]), "chat": self.chat,
+                 "system_prompt": self.system_prompt} for lane in self.lanes]
 
 
 def whole_number(name: str, value: Any) -> int:
@@ -140,15 +158,19 @@ def parse_lanes(value: Any) -> list[dict[str, Any]]:
 
 def plan_compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, *, model: str | None = None,
                  prompt: str | None = None, seed: Any = None, max_new_tokens: Any = None,
-                 policy: str | None = None) -> ComparePlan:
+                 policy: str | None = None, chat: bool | None = None,
+                 system_prompt: str | None = None) -> ComparePlan:
     """Resolve a comparison: a preset (name or dict) and/or lanes, with overrides.
 
     Given lanes replace the preset's; model, prompt, seed, max new tokens and the lockstep
     policy come from the arguments, else the preset, else the defaults (the bundled model,
     seed 0, 64 tokens, equal compute). A max new tokens given here wins over a lane's own.
+    ``chat``/``system_prompt`` (or the preset's) put the prompt through each lane's chat
+    template; a system prompt without chat is refused.
     Checks the lane count against this instance's limit and the policy name; everything
     else (knobs, models, prompt, token limits) is checked per lane by :func:`prepare_lanes`.
     """
+    from playground.models.chat import check_chat
     from playground.presets import load_preset
     from playground.runner import POLICIES
     from playground.settings import check_lanes
@@ -175,7 +197,10 @@ def plan_compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, 
     text = prompt if prompt is not None else p.get("prompt", "")
     if not isinstance(text, str):
         raise PlaygroundError(f"the prompt must be text, got {type(text).__name__}")
-    return ComparePlan(model=model or p.get("model") or DEFAULT_MODEL, prompt=text,
+    use_chat, system = check_chat(p.get("chat", False) if chat is None else chat,
+                              p.get("system_prompt") if system_prompt is None else system_prompt)
+    return ComparePlan(model=model or p.get("model") or DEFAULT_MODEL, prompt=text, chat=use_chat,
+                       system_prompt=system,
                        seed=whole_number("seed", p.get("seed", 0) if seed in (None, "") else seed),
                        max_new_tokens=mnt, policy=pol, lanes=tuple(chosen),
                        preset=p.get("name") if p else None, title=p.get("title") if p else None)
@@ -197,10 +222,15 @@ def prepare_lanes(plan: ComparePlan, load_kwargs: dict[str, Any] | None = None) 
 
 def compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, *, model: str | None = None,
             prompt: str | None = None, seed: int | None = None, max_new_tokens: int | None = None,
-            policy: str | None = None) -> list[dict[str, Any]]:
+            policy: str | None = None, chat: bool | None = None, system_prompt: str | None = None,
+            trust_remote_code: bool = False) -> list[dict[str, Any]]:
     """Run every lane of a comparison (a preset name or dict, and/or lanes) and return their
-    traces; arguments as :func:`plan_compare`. Lanes run one after another; each lane's
-    output does not depend on the others, so it equals the page's lockstep race."""
+    traces; arguments as :func:`plan_compare`, and ``trust_remote_code`` as :func:`generate`.
+    Lanes run one after another; each lane's output does not depend on the others, so it
+    equals the page's lockstep race."""
     plan = plan_compare(preset, lanes, model=model, prompt=prompt, seed=seed, max_new_tokens=max_new_tokens,
-                        policy=policy)
-    return [run.finish().to_dict() for run in prepare_lanes(plan)]
+                        policy=policy, chat=chat, system_prompt=system_prompt)
+    if not isinstance(trust_remote_code, bool):
+        raise PlaygroundError(f"trust_remote_code must be true or false, got {trust_remote_code!r}")
+    load = {"trust_remote_code": True} if trust_remote_code else None
+    return [run.finish().to_dict() for run in prepare_lanes(plan, load_kwargs=load)]

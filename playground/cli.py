@@ -46,6 +46,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-map", default=None, help="'auto' spreads a big model over devices")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="run the model repository's own code (LLaDA, Dream); off by default")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt through the model's chat template (instruct models), in every lane")
+    p.add_argument("--system-prompt", default=None, help="a system turn before the prompt (needs --chat)")
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -64,7 +67,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     g.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     g.add_argument("--draft", default=None, help="draft model for speculative decoders")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
 
     c = sub.add_parser("compare", help="run a preset's lanes")
     _add_run_options(c)
@@ -111,7 +113,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     run = prepare(model=args.model or "tiny-shakespeare", decoder=args.decoder, prompt=args.prompt,
                   max_new_tokens=64 if args.max_new_tokens is None else args.max_new_tokens,
                   seed=0 if args.seed is None else args.seed, draft=args.draft, params=params,
-                  stop=args.stop, chat=args.chat, load_kwargs=_load_kwargs(args))
+                  stop=args.stop, chat=args.chat, system_prompt=args.system_prompt,
+                  load_kwargs=_load_kwargs(args))
     trace = run.finish()
     if args.json:
         print(trace.to_json())
@@ -128,7 +131,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from playground.api import plan_compare, prepare_lanes
 
     plan = plan_compare(args.preset, model=args.model, prompt=args.prompt, seed=args.seed,
-                        max_new_tokens=args.max_new_tokens)
+                        max_new_tokens=args.max_new_tokens, chat=True if args.chat else None,
+                        system_prompt=args.system_prompt)
     traces = [run.finish() for run in prepare_lanes(plan, load_kwargs=_load_kwargs(args))]
     if args.json:
         print(json.dumps([t.to_dict() for t in traces], ensure_ascii=False))

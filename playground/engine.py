@@ -14,6 +14,7 @@ from typing import Any
 from decoders.base import Context, Decoder, get_decoder
 from playground.errors import Cancelled, PlaygroundError
 from playground.models import ModelHandle, load_model, token_pieces
+from playground.models.chat import check_chat
 from playground.settings import limits
 from playground.trace import Step, Trace, TraceRecorder, committed_count
 
@@ -138,13 +139,16 @@ def token_texts(view: Any, trace_dict: dict[str, Any]) -> dict[str, str]:
     return {str(i): view_token(view, i) for i in sorted(ids) if 0 <= i < 10**8}
 
 
-def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_new_tokens: int) -> None:
-    """Reject an empty or too-long prompt with one clear line."""
+def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_new_tokens: int,
+                 system_prompt: str | None = None) -> None:
+    """Reject an empty or too-long prompt with one clear line (a system prompt counts too)."""
     lim = limits()
     if not prompt or not prompt.strip():
         raise PlaygroundError("the prompt is empty")
-    if len(prompt) > lim.max_prompt_chars:
-        raise PlaygroundError(f"the prompt has {len(prompt)} characters; the limit here is {lim.max_prompt_chars}")
+    chars = len(prompt) + len(system_prompt or "")
+    if chars > lim.max_prompt_chars:
+        what = "the prompt and the system prompt have" if system_prompt else "the prompt has"
+        raise PlaygroundError(f"{what} {chars} characters; the limit here is {lim.max_prompt_chars}")
     if not prompt_ids:
         raise PlaygroundError("the prompt encodes to no tokens")
     total = len(prompt_ids) + max_new_tokens
@@ -157,8 +161,18 @@ def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_ne
 def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens: int = 64,
             seed: int = 0, draft: str | ModelHandle | None = None, params: dict[str, Any] | None = None,
             stop: list[str] | None = None, chat: bool = False, top_k_evidence: int = 20,
-            cancel: threading.Event | None = None, load_kwargs: dict[str, Any] | None = None) -> Run:
-    """Validate a request and build a :class:`Run` (models loaded or taken from the LRU)."""
+            cancel: threading.Event | None = None, load_kwargs: dict[str, Any] | None = None,
+            system_prompt: str | None = None, trust_remote_code: bool = False) -> Run:
+    """Validate a request and build a :class:`Run` (models loaded or taken from the LRU).
+
+    ``chat`` encodes the prompt as a user turn in the target model's chat template (after a
+    system turn holding ``system_prompt``, if given): the prompt ids every decoder and draft
+    of the run start from, recorded in the trace with ``chat``/``system_prompt``. A model
+    without a template, or a system prompt without chat, is one :class:`PlaygroundError` line.
+    ``trust_remote_code`` lets the model repository's own code run (LLaDA, Dream), where the
+    host allows it (:func:`playground.hosting.remote_code_allowed`); same as
+    ``load_kwargs={"trust_remote_code": True}``.
+    """
     cls = get_decoder(decoder)
     knobs = cls.params.validate(decoder, params or {})
     lim = limits()
@@ -168,7 +182,12 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
         raise PlaygroundError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if max_new_tokens > lim.max_new_tokens:
         raise PlaygroundError(f"max_new_tokens={max_new_tokens} is over this instance's limit of {lim.max_new_tokens}")
-    lk = load_kwargs or {}
+    chat, system_prompt = check_chat(chat, system_prompt)
+    lk = dict(load_kwargs or {})
+    if not isinstance(trust_remote_code, bool):
+        raise PlaygroundError(f"trust_remote_code must be true or false, got {trust_remote_code!r}")
+    if trust_remote_code:
+        lk["trust_remote_code"] = True
     # Stop may come while a model loads: the wait ends at once (the load finishes in the background).
     cancel = cancel or threading.Event()
     # The kind is checked from the config, before any weights are read.
@@ -184,8 +203,8 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
             raise PlaygroundError(f"draft model {draft_handle.name!r} is a {draft_handle.kind} model; a draft must be causal")
         if not same_tokenizer(handle, draft_handle):
             raise PlaygroundError(f"draft model {draft_handle.name!r} has a different tokenizer from {handle.name!r}")
-    prompt_ids = handle.encode(prompt, chat=chat) if prompt and prompt.strip() else []
-    check_prompt(prompt, prompt_ids, handle, max_new_tokens)
+    prompt_ids = handle.encode(prompt, chat=chat, system_prompt=system_prompt) if prompt and prompt.strip() else []
+    check_prompt(prompt, prompt_ids, handle, max_new_tokens, system_prompt)
     target_view = handle.view()
     draft_view = draft_handle.view() if draft_handle is not None else None
     stop_ids = set(handle.eos_ids)
@@ -198,6 +217,10 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
                   prompt_ids=prompt_ids)
     if draft_handle is not None:
         trace.extra["draft"] = draft_handle.name
+    if chat:
+        trace.extra["chat"] = True
+        if system_prompt:
+            trace.extra["system_prompt"] = system_prompt
     if inst.is_lossy(knobs):
         trace.extra["lossy"] = True
     return Run(inst, ctx, trace)

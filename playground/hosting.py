@@ -10,6 +10,8 @@ and ``docs/hosting.md``), so the same code runs locally, on a CPU Space and on Z
   :func:`model_event_settings` those of an event listener that runs models (one shared
   concurrency group, so lanes of different users never run more models at once than allowed);
   :func:`launch_settings` those of ``demo.launch(...)`` that hosting decides.
+* :func:`remote_code_allowed` says whether users may opt in to a model's own code, i.e.
+  whether the page shows its remote-code control.
 """
 
 from __future__ import annotations
@@ -66,6 +68,17 @@ def gpu(fn: F | None = None, *, duration: int | None = None) -> Any:
         return spaces.GPU(f)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def remote_code_allowed() -> bool:
+    """Whether a request may ask for ``trust_remote_code`` on this instance.
+
+    True where ``PLAYGROUND_ALLOW_REMOTE_CODE`` allows it (default locally, off on a Space) and
+    models may be loaded at all. The page shows its remote-code opt-in only where this is true;
+    elsewhere :func:`playground.models.load_model` refuses the opt-in in one line.
+    """
+    lim = limits()
+    return lim.allow_remote_code and not lim.no_models and bool(lim.model_sources)
 
 
 def queue_settings() -> dict[str, Any]:

@@ -91,6 +91,21 @@ def test_remote_code(monkeypatch, model_dir: Path) -> None:
         load_model(str(model_dir), trust_remote_code=True)
 
 
+def test_remote_code_opt_in_is_offered_only_where_the_host_allows_it(monkeypatch) -> None:
+    from playground import api
+
+    assert hosting.remote_code_allowed() and api.remote_code_allowed()  # a local install
+    monkeypatch.setenv("SPACE_ID", "someone/decoder-playground")
+    assert not hosting.remote_code_allowed() and not api.remote_code_allowed()
+    monkeypatch.setenv("PLAYGROUND_ALLOW_REMOTE_CODE", "1")  # the Space's owner opts in
+    assert hosting.remote_code_allowed()
+    monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")  # a replay-only instance loads nothing
+    assert not hosting.remote_code_allowed()
+    monkeypatch.delenv("PLAYGROUND_NO_MODELS")
+    monkeypatch.setenv("PLAYGROUND_MODEL_SOURCES", "none")
+    assert not hosting.remote_code_allowed()
+
+
 def test_no_models(monkeypatch, model_dir: Path) -> None:
     from playground.engine import prepare
     from playground.models import load_model

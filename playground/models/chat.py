@@ -10,6 +10,23 @@ from typing import Any
 
 from playground.errors import PlaygroundError
 
+SYSTEM_NEEDS_CHAT = "a system prompt needs chat mode (the model's chat template); turn chat on"
+
+
+def check_chat(chat: Any, system_prompt: Any) -> tuple[bool, str | None]:
+    """A request's ``(chat, system_prompt)`` checked: chat a flag, the system prompt text (blank
+    is none) and only in chat mode, since without a chat template there is no system turn."""
+    if chat is None:
+        chat = False
+    if not isinstance(chat, bool):
+        raise PlaygroundError(f"chat must be true or false, got {chat!r}")
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise PlaygroundError(f"the system prompt must be text, got {type(system_prompt).__name__}")
+    system_prompt = system_prompt if system_prompt and system_prompt.strip() else None
+    if system_prompt and not chat:
+        raise PlaygroundError(SYSTEM_NEEDS_CHAT)
+    return chat, system_prompt
+
 
 def has_chat_template(tokenizer: Any) -> bool:
     """Whether ``tokenizer`` carries a chat template."""

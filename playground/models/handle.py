@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from playground.errors import PlaygroundError
-from playground.models.chat import chat_ids, has_chat_template
+from playground.models.chat import SYSTEM_NEEDS_CHAT, chat_ids, has_chat_template
 from playground.models.kinds import KINDS, detect_kind
 
 
@@ -169,7 +169,7 @@ class ModelHandle:
         if chat:
             return chat_ids(self.tokenizer, self.name, text, system_prompt)
         if system_prompt and system_prompt.strip():
-            raise PlaygroundError("a system prompt needs chat mode (the model's chat template); turn chat on")
+            raise PlaygroundError(SYSTEM_NEEDS_CHAT)
         return [int(x) for x in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
