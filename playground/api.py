@@ -22,12 +22,13 @@ LANE_FIELDS = ("decoder", "knobs", "draft", "model")
 
 def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, seed: int = 0,
              draft: str | None = None, stop: list[str] | None = None, chat: bool = False,
-             system_prompt: str | None = None, trust_remote_code: bool = False,
+             force: Any = None, system_prompt: str | None = None, trust_remote_code: bool = False,
              **params: Any) -> dict[str, Any]:
     """Run one decoder and return its trace as a JSON-ready dict (the CLI's ``--json``).
 
     Models are loaded once and cached in the process. Knobs go in ``params`` by name, e.g.
     ``generate(model="tiny-shakespeare", decoder="top_p", prompt="ROMEO:", p=0.9)``.
+    ``force=[[5, 1234]]`` makes the run emit token 1234 as its 6th generated token (a branch).
     ``chat=True`` (with an optional ``system_prompt``) sends the prompt through the model's chat
     template; ``trust_remote_code=True`` lets a model's own code run (LLaDA, Dream) where
     :func:`remote_code_allowed`.
@@ -36,7 +37,7 @@ def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, se
     from playground.engine import prepare
 
     run = prepare(model=model, decoder=decoder, prompt=prompt, max_new_tokens=max_new_tokens,
-                  seed=seed, draft=draft, params=params, stop=stop, chat=chat,
+                  seed=seed, draft=draft, params=params, stop=stop, chat=chat, force=force,
                   system_prompt=system_prompt, trust_remote_code=trust_remote_code)
     return run.finish().to_dict()
 

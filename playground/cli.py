@@ -67,6 +67,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     g.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     g.add_argument("--draft", default=None, help="draft model for speculative decoders")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--force", action="append", default=[], metavar="POS:TOKEN_ID",
+                   help="emit TOKEN_ID as generated token POS (from 0); repeatable")
 
     c = sub.add_parser("compare", help="run a preset's lanes")
     _add_run_options(c)
@@ -85,6 +87,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         ("screenshots", "playground.screenshots", "write docs/screenshots/*.png (starts the app and Chromium)"),
         ("train-tiny", "playground.train_tiny", "rebuild the bundled tiny models"),
         ("sessions", "playground.sessions_cli", "stored sessions: list, export, import, delete"),
+        ("watermark-detect", "playground.watermark_cli", "z-score of a green-list watermark in a text"),
+        ("study", "playground.study", "run a comparison over a prompt set; aggregate per lane"),
     ):
         sp = sub.add_parser(name, help=help_)
         sp.set_defaults(_module=module)
@@ -114,7 +118,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                   max_new_tokens=64 if args.max_new_tokens is None else args.max_new_tokens,
                   seed=0 if args.seed is None else args.seed, draft=args.draft, params=params,
                   stop=args.stop, chat=args.chat, system_prompt=args.system_prompt,
-                  load_kwargs=_load_kwargs(args))
+                  load_kwargs=_load_kwargs(args), force=args.force)
     trace = run.finish()
     if args.json:
         print(trace.to_json())

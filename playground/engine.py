@@ -162,7 +162,7 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
             seed: int = 0, draft: str | ModelHandle | None = None, params: dict[str, Any] | None = None,
             stop: list[str] | None = None, chat: bool = False, top_k_evidence: int = 20,
             cancel: threading.Event | None = None, load_kwargs: dict[str, Any] | None = None,
-            system_prompt: str | None = None, trust_remote_code: bool = False) -> Run:
+            force: Any = None, system_prompt: str | None = None, trust_remote_code: bool = False) -> Run:
     """Validate a request and build a :class:`Run` (models loaded or taken from the LRU).
 
     ``chat`` encodes the prompt as a user turn in the target model's chat template (after a
@@ -172,8 +172,14 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ``trust_remote_code`` lets the model repository's own code run (LLaDA, Dream), where the
     host allows it (:func:`playground.hosting.remote_code_allowed`); same as
     ``load_kwargs={"trust_remote_code": True}``.
-    """
+
+    ``force``: ``[[position, token_id], ...]`` tokens the run must emit (a branch; see
+    ``playground/force.py``)."""
+    from playground import force as forcing
+
     cls = get_decoder(decoder)
+    forced = forcing.parse_force(force)
+    force_mode = forcing.force_mode(cls) if forced else ""
     knobs = cls.params.validate(decoder, params or {})
     lim = limits()
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
@@ -223,7 +229,7 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
             trace.extra["system_prompt"] = system_prompt
     if inst.is_lossy(knobs):
         trace.extra["lossy"] = True
-    return Run(inst, ctx, trace)
+    return forcing.attach(Run(inst, ctx, trace), forced, force_mode)
 
 
 def same_tokenizer(a: ModelHandle, b: ModelHandle) -> bool:
