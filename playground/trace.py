@@ -139,6 +139,11 @@ def validate_trace_dict(d: Any) -> None:
             raise ValueError(f"trace step {j} has no valid kind")
         if not isinstance(s.get("committed", []), list):
             raise ValueError(f"trace step {j}: 'committed' must be a list")
+    force = d.get("force")
+    if force is not None and not (isinstance(force, list) and all(
+            isinstance(f, list) and len(f) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                        for x in f) for f in force)):
+        raise ValueError("trace field 'force' must be a list of [position, token_id] pairs")
 
 
 # ---------------------------------------------------------------------- figures
@@ -208,6 +213,9 @@ class TraceRecorder:
         self.start = time.perf_counter()
         self.first_token_s: float | None = None
         self.finish_reason = "length"
+        # forced tokens of a branch ({position: token_id}); see playground/force.py
+        self.force: dict[int, int] = {}
+        self._position = 0
 
     def now(self) -> float:
         """Seconds since the run started."""
@@ -227,8 +235,19 @@ class TraceRecorder:
         step.draft_forwards = self.draft_count("forwards")
         if self.first_token_s is None and step.committed:
             self.first_token_s = step.t
+        if step.kind != "denoise":
+            self._mark_forced(step)
         self.trace.steps.append(step)
         return step
+
+    def _mark_forced(self, step: Step) -> None:
+        """Mark a step that committed a forced position (``forced``), unless its decoder did."""
+        start, self._position = self._position, self._position + len(step.committed)
+        if not self.force or "forced" in step.evidence:
+            return
+        hits = [{"position": p, "token": t} for p, t in self.force.items() if start <= p < self._position]
+        if hits:
+            step.evidence["forced"] = hits
 
     def finish(self, output_ids: list[int], text: str, reason: str, **more: Any) -> Trace:
         """Close the trace: output, text and the stats the schema names (all measured)."""
