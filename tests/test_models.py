@@ -139,3 +139,106 @@ def test_quantization_needs_cuda(tmp_path, tokenizer):
         load_model(str(tmp_path), quantization="8bit")
     with pytest.raises(PlaygroundError, match="no CUDA GPU"):
         load_model(str(tmp_path), device="cuda")
+
+
+# ---------------------------------------------------------------------- remote code, end to end
+REMOTE_CONFIG = '''from transformers import BertConfig
+
+
+class LLaDAConfig(BertConfig):
+    model_type = "llada"
+'''
+REMOTE_MODEL = '''from transformers import BertForMaskedLM
+
+from .configuration_llada import LLaDAConfig
+
+
+class LLaDAModelLM(BertForMaskedLM):
+    config_class = LLaDAConfig
+'''
+
+
+@pytest.fixture(scope="module")
+def remote_code_dir(tmp_path_factory, tokenizer):
+    """A LLaDA-typed masked LM whose config and model classes live in the folder's own code."""
+    import json
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = tmp_path_factory.mktemp("own-code-llada")
+    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)
+    BertForMaskedLM(cfg).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    (d / "configuration_llada.py").write_text(REMOTE_CONFIG)
+    (d / "modeling_llada.py").write_text(REMOTE_MODEL)
+    data = json.loads((d / "config.json").read_text())
+    data.update(model_type="llada", architectures=["LLaDAModelLM"],
+                auto_map={"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"})
+    (d / "config.json").write_text(json.dumps(data))
+    return str(d)
+
+
+def test_a_model_with_its_own_code_loads_only_when_opted_in(remote_code_dir, monkeypatch):
+    from playground.models import LLADA_MASK_ID, model_info
+
+    for call in (lambda: load_model(remote_code_dir), lambda: model_info(remote_code_dir)):
+        with pytest.raises(PlaygroundError, match=r"needs its own code: opt in to remote code") as err:
+            call()
+        assert "\n" not in str(err.value)
+    info = model_info(remote_code_dir, trust_remote_code=True)
+    assert info["remote_code"] is True and info["kind"] == "diffusion" and info["model_type"] == "llada"
+    h = load_model(remote_code_dir, trust_remote_code=True)
+    assert type(h.model).__name__ == "LLaDAModelLM" and h.kind == "diffusion"
+    assert h.mask_token_id == LLADA_MASK_ID
+    assert h.forward([1, 2, 3]).logits.shape[:2] == (1, 3)
+    # where the host disallows remote code, both the opt-in and the model are refused in one line
+    monkeypatch.setenv("PLAYGROUND_ALLOW_REMOTE_CODE", "0")
+    with pytest.raises(PlaygroundError, match=r"^remote code is disabled on this instance$"):
+        load_model(remote_code_dir, trust_remote_code=True)
+    with pytest.raises(PlaygroundError, match=r"needs its own code \(trust_remote_code\), and remote code is "
+                                              r"disabled on this instance$"):
+        load_model(remote_code_dir)
+
+
+def test_model_info_says_whether_chat_and_remote_code_apply(tmp_path, tokenizer):
+    import copy
+
+    from conftest import build_llama
+
+    from playground.models import model_info
+
+    plain, chat = tmp_path / "plain", tmp_path / "chat"
+    t2 = copy.deepcopy(tokenizer)
+    t2.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    for folder, tok in ((plain, tokenizer), (chat, t2)):
+        build_llama(tok).save_pretrained(folder)
+        tok.save_pretrained(folder)
+    assert model_info(str(plain))["chat_template"] is False and model_info(str(plain))["remote_code"] is False
+    assert model_info(str(chat))["chat_template"] is True
+
+
+def test_hub_id_with_remote_code_fails_fast_offline(monkeypatch):
+    import huggingface_hub.constants as c
+
+    from playground.models import model_info
+
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    for call in (lambda: load_model("GSAI-ML/LLaDA-8B-Instruct", trust_remote_code=True),
+                 lambda: model_info("GSAI-ML/LLaDA-8B-Instruct", trust_remote_code=True)):
+        with pytest.raises(PlaygroundError, match=r"'GSAI-ML/LLaDA-8B-Instruct'.*HF_HUB_OFFLINE is set") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_end_of_turn_ids_from_the_generation_config(llama_handle, tokenizer):
+    from transformers import GenerationConfig
+
+    model = llama_handle.model
+    before = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id, 7])
+    try:
+        h = handle_from_model(model, tokenizer, name="eot")
+    finally:
+        model.generation_config = before
+    assert h.eos_ids == {tokenizer.eos_token_id, 7}
