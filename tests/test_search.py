@@ -360,3 +360,42 @@ def test_uid_beam_ranks_by_logp_minus_surprisal_variance(llama):
     var = lambda xs: float(torch.tensor(xs, dtype=torch.float64).var(unbiased=False))  # noqa: E731
     # the regularised objective of uid_beam's answer is at least that of plain beam's answer
     assert -sum(s) - lam * var(s) >= -sum(ps) - lam * var(ps) - 1e-4
+
+
+# ---------------------------------------------------------------------- best-first beam search
+def beam_expansions(trace, k: int) -> int:
+    """Hypotheses beam search expanded: the prompt, then k running beams per later step."""
+    return 1 + k * (len(trace.steps) - 1)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("with_eos", [False, True])
+def test_best_first_beam_returns_beams_answer_with_fewer_expansions(llama, k, prompt, with_eos):
+    stop = a_stop_token(llama, prompt, k) if with_eos else None
+    b = run(llama, "beam", prompt, N, {"num_beams": k, "length_penalty": 0.0}, stop)
+    f = run(llama, "best_first_beam", prompt, N, {"num_beams": k}, stop)
+    assert f.output_ids == b.output_ids
+    assert f.stats["best_score"] == pytest.approx(b.stats["sequences"][0]["score"], abs=1e-4)
+    assert f.stats["expansions"] <= beam_expansions(b, k)
+    assert f.stats["target_forwards"] == f.stats["waves"]  # one batched forward per wave
+
+
+def test_best_first_beam_trace_shows_frontier_and_pops(llama):
+    k = 3
+    trace = run(llama, "best_first_beam", PROMPTS[0], 6, {"num_beams": k})
+    popped_scores = []
+    for s in trace.steps:
+        ev = s.evidence
+        assert all(b["popped"] for b in ev["beams"])
+        assert all(int(c) <= k for c in ev["pops"].values())  # the beam constraint
+        fr = [x["score"] for x in ev["frontier"]]
+        assert fr == sorted(fr, reverse=True)  # the queue's best entries, best first
+        popped_scores += [b["score"] for b in ev["beams"]]
+    last = trace.steps[-1].evidence["beams"]
+    assert len(last) == 1 and last[0]["finished"] and last[0]["ids"] == trace.output_ids
+    for s in trace.steps:  # a wave pops the queue's best entries in order
+        sc = [b["score"] for b in s.evidence["beams"]]
+        assert sc == sorted(sc, reverse=True)
+    assert max(popped_scores) == popped_scores[0] == 0.0  # the prompt itself, popped first
+    assert sum(len(s.evidence["beams"]) for s in trace.steps[:-1]) == trace.stats["expansions"]
