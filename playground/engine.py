@@ -205,8 +205,11 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
         if draft is None:
             raise PlaygroundError(f"decoder {decoder!r} needs a draft model (--draft)")
         draft_handle = draft if isinstance(draft, ModelHandle) else load_model(draft, **lk, cancel=cancel)
-        if draft_handle.kind != "causal":
-            raise PlaygroundError(f"draft model {draft_handle.name!r} is a {draft_handle.kind} model; a draft must be causal")
+        # Most drafts are causal; a decoder may ask for another kind (diffuspec drafts with a diffusion LM).
+        want = getattr(cls, "draft_kind", "causal")
+        if draft_handle.kind != want:
+            raise PlaygroundError(f"draft model {draft_handle.name!r} is a {draft_handle.kind} model; "
+                                  f"a draft must be {want}" + ("" if want == "causal" else f" for {decoder!r}"))
         if not same_tokenizer(handle, draft_handle):
             raise PlaygroundError(f"draft model {draft_handle.name!r} has a different tokenizer from {handle.name!r}")
     prompt_ids = handle.encode(prompt, chat=chat, system_prompt=system_prompt) if prompt and prompt.strip() else []
