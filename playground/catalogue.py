@@ -34,6 +34,7 @@ FAMILIES = {
     "speculative": "Speculative and parallel decoding",
     "diffusion": "Diffusion LM decoding",
     "guided": "Guided decoding",
+    "collab": "Collaboration: a small and a large model (or a diffusion and a causal one) together",
 }
 
 
