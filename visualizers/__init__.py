@@ -22,8 +22,10 @@ from visualizers.contrast import candidates_html, contrast_figure, contrast_run_
 from visualizers.dist import distribution_figure, timeline_figure
 from visualizers.jacobi import jacobi_grid_figure
 from visualizers.lens import lens_figure, lens_run_figure
+from visualizers.smc import ess_figure, particles_figure
 from visualizers.tokens import legend_html, stats_line, tokens_html
 from visualizers.tree import accepted_length_histogram, acceptance_timeline, draft_tree_figure
+from visualizers.watermark import watermark_tokens_html, watermark_z_figure
 
 Plot = Union[go.Figure, str]
 
@@ -34,10 +36,11 @@ STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot], str
               ("Paired distributions", contrast_figure, "contrast"),
               ("Layer divergence", dola_figure, "dola"),
               ("Candidates", candidates_html, "candidates"),
-              ("Logit lens", lens_figure, "lens")],
+              ("Logit lens", lens_figure, "lens"),
+              ("Watermark", watermark_tokens_html, "watermark")],
     "draft": [("Draft tree", draft_tree_figure, None), ("Correction distribution", distribution_figure, "correction_dist")],
     "denoise": [("Canvas", canvas_html, None), ("Per-position metrics", position_metrics_figure, None)],
-    "beam": [("Beam tree", beam_tree_figure, None)],
+    "beam": [("Beam tree", beam_tree_figure, None), ("Particles", particles_figure, "smc")],
     "jacobi": [("Jacobi grid", jacobi_grid_figure, None)],
 }
 MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
@@ -45,7 +48,7 @@ MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
 # shows and more: the paired distributions' first row is the model's own distribution.
 YIELDS_TO = {"Distribution": "Paired distributions"}
 # Plot functions that return HTML (their fallback on a bug is an HTML note, not a figure).
-HTML_PLOTS: set[Callable[..., Any]] = {canvas_html, candidates_html}
+HTML_PLOTS: set[Callable[..., Any]] = {canvas_html, candidates_html, watermark_tokens_html}
 MAX_RUN_PLOTS = 4  # ... and this many for whole-run plots
 
 # Whole-run plots, by the step kinds a trace contains.
@@ -62,6 +65,8 @@ RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figu
     "contrast": [("Chosen token's rank", contrast_run_figure)],
     "dola": [("Premature layer per step", dola_run_figure)],
     "lens": [("Logit lens over the run", lens_run_figure)],
+    "watermark": [("Watermark z-score", watermark_z_figure)],
+    "smc": [("Effective sample size", ess_figure)],
 }
 
 
@@ -140,4 +145,5 @@ __all__ = [
     "progress_figure", "divergence_html",
     "contrast_figure", "contrast_run_figure", "candidates_html", "dola_figure", "dola_run_figure",
     "lens_figure", "lens_run_figure",
+    "watermark_tokens_html", "watermark_z_figure", "particles_figure", "ess_figure",
 ]
