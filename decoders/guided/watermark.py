@@ -321,8 +321,8 @@ def detect(ids: Sequence[int], scheme: WatermarkScheme, context: Sequence[int] =
         rec["z"] = round(z_score(green, scored, scheme.gamma), 4)
         tokens.append(rec)
     if scored == 0:
-        raise PlaygroundError(f"too short to score: the watermark needs more than {need} token(s) "
-                              f"of context before the first scored token")
+        raise PlaygroundError(f"too short to score: {len(ids)} token(s), and the first {need} only seed the "
+                              f"green lists (give a longer text, or the prompt it followed)")
     z = z_score(green, scored, scheme.gamma)
     return {"z": z, "p_value": p_value(z), "green_fraction": green / scored, "scored": scored,
             "green": green, "gamma": scheme.gamma, "prediction": z > z_threshold,
