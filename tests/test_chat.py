@@ -149,3 +149,18 @@ def test_cli_chat_mistakes_are_one_line(capsys, tmp_path, tokenizer, argv, needl
     _, err = capsys.readouterr()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+
+
+def test_a_diffusion_lane_gets_the_same_chat_prompt(chat_tokenizer, chat_handle):
+    from transformers import BertConfig, BertForMaskedLM
+
+    from playground.models import handle_from_model
+
+    cfg = BertConfig(vocab_size=len(chat_tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    mlm = handle_from_model(BertForMaskedLM(cfg), chat_tokenizer, name="tiny-mlm-chat")
+    causal = prepare(chat_handle, "greedy", "hi", max_new_tokens=4, chat=True, system_prompt="S.")
+    diffusion = prepare(mlm, "llada", "hi", max_new_tokens=4, chat=True, system_prompt="S.")
+    assert diffusion.trace.prompt_ids == causal.trace.prompt_ids
+    trace = diffusion.finish()
+    assert trace.prompt_ids == causal.trace.prompt_ids and trace.extra["chat"] is True
