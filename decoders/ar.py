@@ -219,27 +219,51 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
     lens = bool(ctx.params.get("logit_lens", False))
     kw: dict[str, Any] = {"hidden_states": True} if lens else {}
     state = ARState(ctx.target)
-    logits = state.prefill(ctx.prompt_ids, **kw)
+    stage = constraint_stage(ctx)
+    row = stage.row() if stage else None
+    logits = state.prefill(stage.heal(ctx.prompt_ids) if stage else ctx.prompt_ids, **kw)
     out: list[int] = []
     for pos in range(ctx.max_new_tokens):
         ctx.check_cancel()
-        final, tok = pick(logits, pos, out)
+        cev: dict[str, Any] | None = None
+        if row is not None:
+            # the constraint acts before the picker's chain: it sees only the allowed tokens
+            masked, cev = row.apply(logits)
+            final, tok = pick(masked, pos, out)
+        else:
+            final, tok = pick(logits, pos, out)
         picked, tok = tok, ctx.force.get(pos, tok)
         ev: dict[str, Any] = {"dist": dist_evidence(ctx.target, logits, final, tok, ctx.top_k_evidence)}
+        if cev is not None:
+            ev["constraint"] = cev
         if pos in ctx.force:
             # a branch's forced token: the step keeps the model's distribution and what it picked
             ev["forced"] = [{"position": pos, "token": tok, "picked": picked}]
         if lens:
             ev["lens"] = lens_evidence(ctx.target, state.hidden, logits, tok)
+        if row is not None:
+            row.advance(tok)
+            decoder.extra_stats["constraint_complete"] = row.accepting
         yield Step("token", [tok], **ev)
         out.append(tok)
         reason = check_stop(ctx, out, ctx.target.decode)
         if reason:
             decoder.finish_reason = reason
             return
+        if row is not None and row.done:
+            decoder.finish_reason = "constraint"
+            return
         if pos + 1 < ctx.max_new_tokens:
             logits = state.advance([tok], **kw)
     decoder.finish_reason = "length"
+
+
+def constraint_stage(ctx: Context) -> Any:
+    """The run's constraint stage (``decoders.guided._constraint.Stage``), or None when the
+    decoder has no constraint knob set."""
+    from decoders.guided._constraint import stage_for
+
+    return stage_for(ctx.target, ctx.params)
 
 
 def greedy_probs(logits: torch.Tensor) -> tuple[torch.Tensor, int]:

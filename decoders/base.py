@@ -173,6 +173,9 @@ def lens_param() -> Bool:
                        "gives through the final norm and LM head (no extra forward)")
 
 
+_GUIDED_KNOBS = ("regex", "json_schema", "grammar", "logit_bias", "bad_words", "token_healing")
+
+
 class Params(dict):
     """An ordered mapping knob name -> :class:`Param` (``Params(p=Float(...), ...)``)."""
 
@@ -191,6 +194,11 @@ class Params(dict):
                 known = ", ".join(self) or "none"
                 raise PlaygroundError(f"decoder {decoder!r} has no knob {k!r} (knobs: {known})")
             out[k] = self[k].check(k, v)
+        if any(k in self for k in _GUIDED_KNOBS):
+            # one place refuses bad combinations of constraint knobs, for every decoder that has them
+            from decoders.guided._constraint import check_knobs
+
+            check_knobs(decoder, out)
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import torch
 
 from decoders.ar import COUPLINGS, Picker, draw, greedy_probs, token_loop
 from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, lens_param, register
+from decoders.guided._constraint import constraint_params
 from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
                                  build_chain, chain_params, check_chain)
 from playground.trace import Step
@@ -32,7 +33,7 @@ class Greedy(Decoder):
     name = "greedy"
     family = "sampling"
     kind = "causal"
-    params = Params(logit_lens=lens_param())
+    params = Params(logit_lens=lens_param(), **constraint_params(healing=True))
     reference = "Argmax decoding (the temperature-0 limit of sampling)"
     lossless = True
 
@@ -116,7 +117,8 @@ class Sample(ChainDecoder):
     """
 
     name = "sample"
-    params = ChainParams(**chain_params(), coupling=coupling_param(), logit_lens=lens_param())
+    params = ChainParams(**chain_params(), coupling=coupling_param(), logit_lens=lens_param(),
+                         **constraint_params(healing=True))
     reference = "Ancestral sampling; processor chain after llama.cpp's sampler chain (see each rule)"
     description = "Sample through a user-ordered chain: penalties, DRY, top-k/p, min-p, typical, ε, η, top-nσ, XTC, mirostat"
 
@@ -154,7 +156,7 @@ def _preset(name: str, mapping: dict[str, str], specs: dict[str, Param], referen
     cls = type(name.title().replace("_", ""), (Preset,), {
         "name": name, "mapping": mapping, "fixed": dict(fixed or {}),
         "params": PresetParams(mapping, **specs, temperature=_temperature(), coupling=coupling_param(),
-                               logit_lens=lens_param()),
+                               logit_lens=lens_param(), **constraint_params(healing=True)),
         "reference": reference, "description": description, "__doc__": doc,
         "__module__": __name__,
     })

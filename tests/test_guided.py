@@ -1,0 +1,206 @@
+"""The constraint stage (decoders/guided/_constraint.py) on greedy, sampling and the lossless
+speculative decoders: regex, JSON schema and grammar masks checked against an independent
+brute force over the vocabulary, EOS only where the constraint accepts, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import regex as pyregex  # an independent regex engine (partial matching) for the brute force
+import torch
+
+from decoders.base import get_decoder
+from playground.engine import prepare
+from playground.errors import PlaygroundError
+
+WORDS = r"(the|and|[a-z]{2,4})( [a-z]{1,5}){1,3}[.!]?"
+
+
+def run(handle, decoder, prompt, n, seed=0, draft=None, stop_ids=None, **params):
+    r = prepare(model=handle, decoder=decoder, prompt=prompt, max_new_tokens=n, seed=seed,
+                draft=draft if get_decoder(decoder).needs_draft else None, params=params)
+    if stop_ids is not None:
+        r.ctx.stop_ids = set(stop_ids)
+    return r.finish()
+
+
+def _raw_logits(handle, ids):
+    """The model's next-token logits after ``ids``, by a plain uncached forward."""
+    with torch.no_grad():
+        out = handle.model(input_ids=torch.tensor([ids]))
+    return out.logits[0, -1].float()
+
+
+def _brute_allowed(handle, pattern, out, eos_ids):
+    """Token ids whose text keeps ``decode(out + [t])`` a prefix of some match of ``pattern``,
+    plus EOS when ``decode(out)`` is already a full match: computed over the whole vocabulary
+    with Python's ``regex`` engine, nothing shared with llguidance."""
+    tok = handle.tokenizer
+    special = set(tok.all_special_ids)
+    allowed = set()
+    for t in range(handle.vocab_size):
+        if t in special:
+            continue
+        text = tok.decode(out + [t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if "\ufffd" in text:
+            continue  # half a UTF-8 character: the pattern is ASCII, so no match can follow
+        if pyregex.fullmatch(pattern, text, partial=True):
+            allowed.add(t)
+    done = tok.decode(out, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if pyregex.fullmatch(pattern, done):
+        allowed |= set(eos_ids)
+    return allowed
+
+
+@pytest.mark.parametrize("prompt", ["ROMEO: But soft", "To be, or not"])
+def test_greedy_under_regex_is_argmax_over_allowed_set(llama_handle, prompt):
+    tr = run(llama_handle, "greedy", prompt, 16, regex=WORDS)
+    out = tr.output_ids
+    assert out, "constrained greedy produced nothing"
+    eos = set(llama_handle.eos_ids)
+    text = llama_handle.tokenizer.decode([t for t in out if t not in eos])
+    assert pyregex.fullmatch(WORDS, text, partial=True)
+    for i, step in enumerate(tr.steps):
+        allowed = _brute_allowed(llama_handle, WORDS, out[:i], eos)
+        logits = _raw_logits(llama_handle, tr.prompt_ids + out[:i])
+        best = max(allowed, key=lambda t: (float(logits[t]), -t))
+        assert step.committed == [best], f"step {i}: picked {step.committed}, brute force {best}"
+        ev = step.evidence["constraint"]
+        assert ev["allowed"] == len(allowed)
+        p = torch.softmax(logits, -1)
+        removed = float(p.sum() - p[sorted(allowed)].sum())
+        assert ev["removed_mass"] == pytest.approx(removed, abs=2e-5)
+        assert all(t in allowed for t in ev["top_allowed"]["ids"])
+        assert not any(t in allowed for t in ev["top_blocked"]["ids"])
+
+
+def test_eos_only_where_the_constraint_accepts(llama_handle):
+    eos = next(iter(llama_handle.eos_ids))
+    pattern = r"[a-z]{3}( [a-z]{3})?"
+    # a bias that makes EOS the favourite everywhere: it may only win where the text is complete
+    tr = run(llama_handle, "greedy", "ROMEO:", 20, regex=pattern, logit_bias=json.dumps({str(eos): 40}))
+    out = tr.output_ids
+    assert out[-1] == eos and tr.stats["finish_reason"] == "eos"
+    assert pyregex.fullmatch(pattern, llama_handle.tokenizer.decode(out[:-1]))
+    for i in range(len(out) - 1):
+        assert eos not in _brute_allowed(llama_handle, pattern, out[:i], {eos})
+        assert eos in tr.steps[i].evidence["constraint"]["top_blocked"]["ids"]
+    assert tr.stats["constraint_complete"] is True
+
+
+def test_run_ends_when_the_constraint_is_complete(llama_handle):
+    tr = run(llama_handle, "greedy", "ROMEO:", 30, stop_ids=set(), regex=r"[a-z]{2}\.")
+    text = llama_handle.tokenizer.decode(tr.output_ids)
+    assert pyregex.fullmatch(r"[a-z]{2}\.", text)
+    assert tr.stats["finish_reason"] == "constraint"
+
+
+def test_grammar_knob_lark(llama_handle):
+    grammar = 'start: "ROMEO" SEP NAME "."\nSEP: ": " | " - "\nNAME: /[a-z]{2,5}/'
+    tr = run(llama_handle, "greedy", "JULIET:", 20, grammar=grammar)
+    text = llama_handle.tokenizer.decode(tr.output_ids, skip_special_tokens=True)
+    assert pyregex.fullmatch(r"ROMEO(: | - )[a-z]{2,5}\.", text)
+
+
+@pytest.mark.parametrize("decoder,extra", [("sample", {"temperature": 1.0}), ("top_k", {"k": 40}),
+                                           ("min_p", {"p": 0.05})])
+def test_sampled_outputs_match_regex(llama_handle, decoder, extra):
+    eos = set(llama_handle.eos_ids)
+    texts = set()
+    for seed in range(8):
+        tr = run(llama_handle, decoder, "ROMEO:", 16, seed=seed, regex=WORDS, **extra)
+        text = llama_handle.tokenizer.decode([t for t in tr.output_ids if t not in eos])
+        assert pyregex.fullmatch(WORDS, text, partial=True), (seed, text)
+        if tr.stats["finish_reason"] in ("eos", "constraint"):
+            assert pyregex.fullmatch(WORDS, text), (seed, text)
+        texts.add(text)
+    assert len(texts) > 1, "different seeds should sample different constrained texts"
+
+
+SCHEMA = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "mood": {"enum": ["merry", "sad"]}},
+          "required": ["name", "age", "mood"], "additionalProperties": False}
+
+
+@pytest.mark.slow
+def test_sampled_json_validates_on_bundled_model():
+    jsonschema = pytest.importorskip("jsonschema")
+    from playground.models import load_model
+
+    h = load_model("tiny-shakespeare")
+    for seed in range(12):
+        tr = run(h, "sample", "ROMEO:", 48, seed=seed, json_schema=json.dumps(SCHEMA), temperature=1.0)
+        text = h.tokenizer.decode(tr.output_ids, skip_special_tokens=True)
+        assert tr.stats["finish_reason"] in ("eos", "constraint"), (seed, text)
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.slow
+def test_sampled_regex_on_bundled_model_over_seeds():
+    from playground.models import load_model
+
+    h = load_model("tiny-shakespeare")
+    pattern = r"(ROMEO|JULIET): [A-Z][a-z]{1,8}( [a-z]{1,8}){0,4}[.!?]"
+    for seed in range(16):
+        tr = run(h, "top_p", "The scene: Verona.", 40, seed=seed, regex=pattern, p=0.95)
+        text = h.tokenizer.decode(tr.output_ids, skip_special_tokens=True)
+        assert pyregex.fullmatch(pattern, text), (seed, text)
+
+
+@pytest.mark.parametrize("decoder", ["prompt_lookup", "jacobi", "lookahead", "speculative"])
+def test_constrained_speculative_equals_constrained_greedy(llama_handle, decoder):
+    prompt = "ROMEO: But soft, what light"
+    ref = run(llama_handle, "greedy", prompt, 14, regex=WORDS).output_ids
+    extra = {} if get_decoder(decoder).greedy_only else {"temperature": 0.0}
+    tr = run(llama_handle, decoder, prompt, 14, draft=llama_handle, regex=WORDS, **extra)
+    assert tr.output_ids == ref
+    assert all("constraint" in s.evidence for s in tr.steps)
+
+
+@pytest.mark.slow
+def test_constrained_speculative_equals_greedy_on_bundled_models():
+    from playground.models import load_model
+
+    h, d = load_model("tiny-shakespeare"), load_model("tiny-shakespeare-draft")
+    schema = json.dumps(SCHEMA)
+    ref = run(h, "greedy", "ROMEO:", 40, json_schema=schema)
+    tr = run(h, "speculative", "ROMEO:", 40, draft=d, json_schema=schema, temperature=0.0)
+    assert tr.output_ids == ref.output_ids
+
+
+@pytest.mark.parametrize("knobs,needle", [
+    ({"regex": "[a-"}, "knob 'regex' is invalid"),
+    ({"regex": "(ab"}, "knob 'regex' is invalid"),
+    ({"json_schema": "{not json"}, "knob 'json_schema' is not valid JSON"),
+    ({"json_schema": "[1, 2]"}, "must be a JSON object"),
+    ({"json_schema": '{"type": "bogus"}'}, "knob 'json_schema' is invalid"),
+    ({"grammar": "start: foo"}, "knob 'grammar' is invalid"),
+    ({"regex": "a", "grammar": 'start: "a"'}, "set only one of"),
+    ({"regex": "a", "token_healing": True}, "token_healing cannot be combined"),
+    ({"logit_bias": "[1]"}, "knob 'logit_bias' must be a JSON object"),
+    ({"logit_bias": '{"5": 500}'}, "in [-100, 100]"),
+    ({"bad_words": "[3]"}, "knob 'bad_words' must be"),
+])
+def test_bad_constraint_knobs_are_one_line(llama_handle, knobs, needle):
+    with pytest.raises(PlaygroundError) as e:
+        run(llama_handle, "greedy", "ROMEO:", 4, **knobs)
+    msg = str(e.value)
+    assert needle in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("pattern", [r"[^\s\S]", r"ab[^\x00-\x{10FFFF}]"])
+def test_unsatisfiable_constraint_is_one_line_not_a_hang(llama_handle, pattern):
+    with pytest.raises(PlaygroundError) as e:
+        run(llama_handle, "greedy", "ROMEO:", 50, regex=pattern)
+    assert "cannot be satisfied" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_constraint_knobs_exist_where_promised():
+    for name in ["greedy", "sample", "top_k", "top_p", "min_p", "typical", "epsilon", "eta", "xtc",
+                 "mirostat", "speculative", "spec_tree", "prompt_lookup", "jacobi", "lookahead"]:
+        params = get_decoder(name).params
+        assert {"regex", "json_schema", "grammar"} <= set(params), name
