@@ -37,8 +37,9 @@ import torch
 
 from decoders._cache import (CacheInfo, cache_len, check_rollback, crop_layers, fit_tree_mask, rollback_cache,
                              select_cache)
-from decoders.ar import dist_evidence, sample_index
+from decoders.ar import constraint_stage, dist_evidence, sample_index
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
+from decoders.guided._constraint import constraint_params
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
 from playground.trace import Step, speculative_figures
 
@@ -77,7 +78,12 @@ def sampling_params(temperature: float = 1.0) -> dict[str, Param]:
 
 
 class SpecParams(ChainParams):
-    """Knob specs of a speculative decoder (validation also checks the chain's knobs)."""
+    """Knob specs of a speculative decoder (validation also checks the chain's knobs), plus the
+    grammar constraint knobs (``regex``/``json_schema``/``grammar``): the target's distribution
+    is constrained before verification, so a lossless decoder stays equal to constrained greedy."""
+
+    def __init__(self, **specs: Param) -> None:
+        super().__init__(**specs, **constraint_params(words=False))
 
 
 def is_greedy(params: dict[str, Any]) -> bool:
@@ -473,6 +479,9 @@ class SpecDecoder(Decoder):
         self.pending: list[int] = list(self.prompt)
         self._counters: dict[str, int] = {}
         self.acc = _Stats()
+        stage = constraint_stage(ctx)
+        self.crow = stage.row() if stage else None
+        self._cev: dict[str, Any] | None = None
         self.setup(ctx)
         while len(self.out) < ctx.max_new_tokens:
             ctx.check_cancel()
@@ -485,7 +494,12 @@ class SpecDecoder(Decoder):
             self.out.extend(v.committed)
             self.after_verify(ctx, v)
             self.extra_stats = self.acc.stats(self)
-            yield self._step(ctx, v)
+            step = self._step(ctx, v)
+            if self._cev is not None:
+                # the constraint at the step's first position (allowed tokens, removed mass)
+                step.evidence["constraint"] = self._cev
+                self.extra_stats["constraint_complete"] = self.crow.accepting
+            yield step
             if v.stopped:
                 self.finish_reason = v.stopped
                 return
@@ -530,6 +544,11 @@ class SpecDecoder(Decoder):
         while True:
             pos = len(self.out) + len(path_tokens)
             logits = v.row(node)
+            if self.crow is not None:
+                # the constrained target: the walk commits as it goes, so the row's state is this node's
+                logits, cev = self.crow.apply(logits)
+                if not path_tokens:
+                    self._cev = cev
             p = self.target_probs(ctx, logits, path_tokens)
             p_rule = torch.softmax(logits.float(), -1) if self.greedy else p
             kids = tree.children(node)
@@ -577,6 +596,13 @@ class SpecDecoder(Decoder):
     def _commit(self, ctx: Context, v: Verified, tok: int) -> bool:
         """Append a committed token; True when the run must stop after it."""
         v.committed.append(int(tok))
+        if self.crow is not None:
+            self.crow.advance(tok)
+            if self.crow.done and int(tok) not in ctx.stop_ids:
+                v.stopped = "constraint"
+                if v.correction is None:
+                    v.correction_kind = None
+                return True
         if int(tok) in ctx.stop_ids:
             v.stopped = "eos" if int(tok) in getattr(ctx.target, "eos_ids", set()) else "stop"
             if v.correction is None:
