@@ -1,4 +1,7 @@
-"""``playground sessions ...``: list, show, export, import, rename and delete stored sessions.
+"""``playground sessions ...``: list, show, tree, export, import, rename and delete stored sessions.
+
+Branches (sessions continued from a forced token of another) are listed with where they left
+their parent; ``tree ID`` draws the branch tree a session belongs to.
 
 The database is ``--db PATH``, else the store's default (``$PLAYGROUND_DB``,
 ``/data/playground.db``, ``./playground.db``). Read-only commands never create a database.
@@ -45,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rn.add_argument("title")
     rm = sub.add_parser("delete", help="delete a session")
     rm.add_argument("id")
-    for p in (ls, sh, ex, im, rn, rm):
+    tr = sub.add_parser("tree", help="the branch tree a session belongs to, from its root")
+    tr.add_argument("id")
+    tr.add_argument("--json", action="store_true", help="print the tree as nested JSON")
+    for p in (ls, sh, ex, im, rn, rm, tr):
         _add_db(p, top=False)
 
 
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     """Run a ``sessions`` subcommand; user errors raise :class:`PlaygroundError`."""
     cmd = getattr(args, "sessions_command", None)
     if cmd is None:
-        raise PlaygroundError("sessions needs a command: list, show, export, import, rename or delete")
+        raise PlaygroundError("sessions needs a command: list, show, tree, export, import, rename or delete")
     store = _open(args, create=cmd == "import")
     try:
         return _COMMANDS[cmd](store, args)
@@ -107,9 +113,36 @@ def _list(store: Any, args: argparse.Namespace) -> int:
         print(json.dumps(sessions, ensure_ascii=False))
         return 0
     for s in sessions:
-        print(f"{s['id']}  {_date(s['created'])}  {s['model']:<20} {','.join(s['decoders']):<30} {s['title']}")
+        where = f"  [{_where(s['branch'])} of {s['parent'] or 'a deleted session'}]" if s.get("branch") else ""
+        print(f"{s['id']}  {_date(s['created'])}  {s['model']:<20} {','.join(s['decoders']):<30} {s['title']}{where}")
     if not sessions:
         print("no stored sessions", file=sys.stderr)
+    return 0
+
+
+def _where(branch: dict[str, Any]) -> str:
+    """Where a branch left its parent, lanes numbered from 1 as on the page."""
+    lanes = "every lane" if branch.get("lanes") == "all" else f"lane {branch['lane'] + 1}"
+    text = f" {branch['text']!r}" if branch.get("text") else ""
+    return f"branch at {lanes} step {branch['step']}: token {branch['token']}{text} at position {branch['position']}"
+
+
+def _tree(store: Any, args: argparse.Namespace) -> int:
+    if store is None:
+        raise _missing(args.id)
+    tree = store.branch_tree(args.id)
+    if args.json:
+        print(json.dumps(tree, ensure_ascii=False))
+        return 0
+
+    def show(node: dict[str, Any], indent: str) -> None:
+        for j, kid in enumerate(node["branches"]):
+            last = j == len(node["branches"]) - 1
+            print(f"{indent}{'└' if last else '├'}─ {kid['id']}  {kid['title']}  ({_where(kid['branch'])})")
+            show(kid, indent + ("   " if last else "│  "))
+
+    print(f"{tree['id']}  {tree['title']}  ({','.join(tree['decoders'])})")
+    show(tree, "")
     return 0
 
 
@@ -125,6 +158,10 @@ def _show(store: Any, args: argparse.Namespace) -> int:
         print(json.dumps(s, ensure_ascii=False))
         return 0
     print(f"{s['title']}\n{s['id']}  {_date(s['created'])}  model {s['model']}\nprompt: {s['prompt']}")
+    if s.get("branch"):
+        print(f"{_where(s['branch'])} of {s['parent'] or 'a deleted session'}")
+    if s.get("branches"):
+        print(f"branches: {', '.join(s['branches'])}")
     for lane, t in enumerate(s["runs"]):
         st = t.get("stats", {})
         print(f"\n== lane {lane}: {t['decoder']}  {st.get('new_tokens', '?')} tokens, "
@@ -171,4 +208,4 @@ def _delete(store: Any, args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"list": _list, "show": _show, "export": _export, "import": _import,
-             "rename": _rename, "delete": _delete}
+             "rename": _rename, "delete": _delete, "tree": _tree}

@@ -15,6 +15,13 @@ Design choices, and why:
 * One connection per :class:`Store`, shared by every thread behind a lock (Gradio runs
   callbacks in worker threads); other processes (the CLI next to the app) are serialised by
   SQLite's own locking, with a busy timeout.
+* Branches: a session may be a *branch* of another (``parent_id``) — a lane continued from an
+  edited prefix — with ``branch`` = ``{"lane", "step", "position", "token"}`` (the lane and
+  step of the parent where a token was forced, the output position and the forced token id;
+  optional ``"text"`` and ``"lanes"``: ``"one"`` or ``"all"``). The tree survives export and
+  import (an export carries its branches; an import rebuilds them under new ids) and needs no
+  model to replay. Deleting a parent keeps its branches (their ``parent_id`` becomes NULL,
+  their ``branch`` stays).
 * Session ids are ``secrets.token_urlsafe(24)`` (32 url-safe characters) redrawn until the
   first is a letter or digit, so a command line never reads one as an option: ~191.9 bits.
   Knowing an id is what lets someone open a session, so ids are never derived from content.
@@ -72,9 +79,18 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX sessions_by_created ON sessions(created)")
 
 
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    """Branches: a session's parent and where it branched off (issue 16)."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN parent_id TEXT REFERENCES sessions(id) ON DELETE SET NULL")
+    conn.execute("ALTER TABLE sessions ADD COLUMN branch TEXT")
+    conn.execute("CREATE INDEX sessions_by_parent ON sessions(parent_id)")
+
+
 # MIGRATIONS[k] takes a database at version k to version k + 1. Append, never edit: a
 # database made by an older playground replays only the steps it has not seen.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2]
+BRANCH_FIELDS = ("lane", "step", "position", "token")
+MAX_TREE_DEPTH = 64
 
 
 def schema_version() -> int:
@@ -163,6 +179,27 @@ def _check_trace(trace: Any, lane: int) -> None:
     pieces = trace.get("pieces")
     if pieces is not None and not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)):
         raise PlaygroundError(f"run {lane}: 'pieces' must be a list of text")
+
+
+def _check_branch(branch: Any, lanes: int | None = None) -> dict[str, Any]:
+    """A branch record: ``lane``, ``step``, ``position``, ``token`` (whole numbers >= 0), optional
+    ``text`` and ``lanes`` (``one``/``all``); ``lane`` below the parent's lane count."""
+    if not isinstance(branch, dict):
+        raise PlaygroundError("a branch must be a JSON object with lane, step, position and token")
+    unknown = sorted(set(branch) - set(BRANCH_FIELDS) - {"text", "lanes"})
+    if unknown:
+        raise PlaygroundError(f"a branch has unknown field(s) {', '.join(map(repr, unknown))}")
+    for k in BRANCH_FIELDS:
+        v = branch.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise PlaygroundError(f"a branch's {k} must be a whole number >= 0, got {v!r}")
+    if lanes is not None and branch["lane"] >= lanes:
+        raise PlaygroundError(f"the branch's lane {branch['lane']} is not a lane of its parent ({lanes} lanes)")
+    if "text" in branch and not isinstance(branch["text"], str):
+        raise PlaygroundError("a branch's text must be text")
+    if branch.get("lanes", "one") not in ("one", "all"):
+        raise PlaygroundError("a branch's lanes must be 'one' or 'all'")
+    return dict(branch)
 
 
 def _check_session(title: Any, model: Any, prompt: Any, settings: Any, traces: Any) -> None:
@@ -263,17 +300,26 @@ class Store:
 
     # -- writing
     def save_session(self, title: str, model: str, prompt: str, settings: dict[str, Any],
-                     traces: list[dict[str, Any]]) -> str:
+                     traces: list[dict[str, Any]], parent: str | None = None,
+                     branch: dict[str, Any] | None = None) -> str:
         """Store a comparison (one trace per lane) in one transaction; return its new id.
 
-        An empty title becomes the start of the prompt. Raises :class:`PlaygroundError` for a
-        trace that breaks the schema or settings that are not JSON.
+        An empty title becomes the start of the prompt. ``parent`` and ``branch`` (both or
+        neither) store it as a branch of the session ``parent`` (see the module docstring).
+        Raises :class:`PlaygroundError` for a trace that breaks the schema, settings that are
+        not JSON, a malformed branch or a parent that does not exist.
         """
         _check_session(title, model, prompt, settings, traces)
+        if (parent is None) != (branch is None):
+            raise PlaygroundError("a branch needs both its parent session and where it branched off")
+        if parent is not None:
+            _check_id(parent)
+            branch = _check_branch(branch)
         row = {"title": _clean_title(title, prompt), "model": model, "prompt": prompt,
-               "settings": _dumps(settings, "the session settings"), "created": _now()}
+               "settings": _dumps(settings, "the session settings"), "created": _now(),
+               "parent_id": parent, "branch": _dumps(branch, "the branch") if branch is not None else None}
         runs = [self._run_row(lane, t) for lane, t in enumerate(traces)]
-        return self._insert(row, runs)
+        return self._write(lambda conn: self._insert_tx(conn, row, runs))
 
     @staticmethod
     def _run_row(lane: int, trace: dict[str, Any]) -> dict[str, Any]:
@@ -282,19 +328,24 @@ class Store:
                 "text": trace["text"], "stats": _dumps(trace["stats"], f"run {lane}'s stats"),
                 "trace": _dumps(trace, f"run {lane}")}
 
-    def _insert(self, row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
-        def tx(conn: sqlite3.Connection) -> str:
-            sid = new_session_id()
-            while conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
-                sid = new_session_id()  # ~192 random bits: never in practice, but never overwrite
-            conn.execute("INSERT INTO sessions (id, created, title, model, prompt, settings) "
-                         "VALUES (?, ?, ?, ?, ?, ?)",
-                         (sid, row["created"], row["title"], row["model"], row["prompt"], row["settings"]))
-            for run in runs:
-                self._insert_run(conn, sid, run)
-            return sid
-
-        return self._write(tx)
+    def _insert_tx(self, conn: sqlite3.Connection, row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+        """Insert one session and its runs inside the caller's transaction; return its id."""
+        parent = row.get("parent_id")
+        if parent is not None:
+            lanes = conn.execute("SELECT count(*) FROM runs WHERE session_id = ?", (parent,)).fetchone()[0]
+            if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone():
+                raise PlaygroundError(f"no session with id {parent} to branch from")
+            _check_branch(json.loads(row["branch"]), int(lanes))
+        sid = new_session_id()
+        while conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+            sid = new_session_id()  # ~192 random bits: never in practice, but never overwrite
+        conn.execute("INSERT INTO sessions (id, created, title, model, prompt, settings, parent_id, branch) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     (sid, row["created"], row["title"], row["model"], row["prompt"], row["settings"],
+                      parent, row.get("branch")))
+        for run in runs:
+            self._insert_run(conn, sid, run)
+        return sid
 
     def _insert_run(self, conn: sqlite3.Connection, sid: str, run: dict[str, Any]) -> None:
         conn.execute("INSERT INTO runs (session_id, lane, decoder, params, text, stats, trace) "
@@ -335,23 +386,53 @@ class Store:
                 raise PlaygroundError(f"no session with id {sid}")
             runs = [json.loads(r["trace"]) for r in self.db.query(
                 "SELECT trace FROM runs WHERE session_id = ? ORDER BY lane", [sid])]
+            children = [r["id"] for r in self.db.query(
+                "SELECT id FROM sessions WHERE parent_id = ? ORDER BY created, rowid", [sid])]
         s = rows[0]
         return {"id": s["id"], "title": s["title"], "created": s["created"], "model": s["model"],
                 "prompt": s["prompt"], "settings": json.loads(s["settings"]),
-                "decoders": [r["decoder"] for r in runs], "runs": runs}
+                "decoders": [r["decoder"] for r in runs], "runs": runs,
+                "parent": s["parent_id"], "branch": json.loads(s["branch"]) if s["branch"] else None,
+                "branches": children}
 
     def list_sessions(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Sessions (id, title, model, decoders in lane order, created), newest first; at most ``limit``."""
+        """Sessions (id, title, model, decoders in lane order, created, parent, branch), newest
+        first; at most ``limit``."""
         newest = "SELECT {} FROM sessions ORDER BY created DESC, rowid DESC LIMIT ?"
         n = -1 if limit is None else max(int(limit), 0)  # LIMIT -1: no limit
         with self._lock:
-            sessions = list(self.db.query(newest.format("id, title, model, created"), [n]))
+            sessions = list(self.db.query(newest.format("id, title, model, created, parent_id, branch"), [n]))
             decoders: dict[str, list[str]] = {}
             for r in self.db.query(f"SELECT session_id, decoder FROM runs WHERE session_id IN ({newest.format('id')}) "
                                    "ORDER BY session_id, lane", [n]):
                 decoders.setdefault(r["session_id"], []).append(r["decoder"])
         return [{"id": s["id"], "title": s["title"], "model": s["model"],
-                 "decoders": decoders.get(s["id"], []), "created": s["created"]} for s in sessions]
+                 "decoders": decoders.get(s["id"], []), "created": s["created"], "parent": s["parent_id"],
+                 "branch": json.loads(s["branch"]) if s["branch"] else None} for s in sessions]
+
+    def branch_tree(self, sid: str) -> dict[str, Any]:
+        """The branch tree ``sid`` belongs to, from its root: nested ``{"id", "title", "branch",
+        "decoders", "branches": [...]}`` (branches oldest first)."""
+        _check_id(sid)
+        with self._lock:
+            root = sid
+            for _ in range(MAX_TREE_DEPTH):
+                row = self.conn.execute("SELECT parent_id FROM sessions WHERE id = ?", (root,)).fetchone()
+                if row is None:
+                    raise PlaygroundError(f"no session with id {root}")
+                if row[0] is None:
+                    break
+                root = row[0]
+            return self._subtree(root, 0)
+
+    def _subtree(self, sid: str, depth: int) -> dict[str, Any]:
+        s = self.conn.execute("SELECT title, branch FROM sessions WHERE id = ?", (sid,)).fetchone()
+        decoders = [r[0] for r in self.conn.execute(
+            "SELECT decoder FROM runs WHERE session_id = ? ORDER BY lane", (sid,))]
+        kids = [r[0] for r in self.conn.execute(
+            "SELECT id FROM sessions WHERE parent_id = ? ORDER BY created, rowid", (sid,))]
+        return {"id": sid, "title": s[0], "branch": json.loads(s[1]) if s[1] else None, "decoders": decoders,
+                "branches": [self._subtree(k, depth + 1) for k in kids] if depth < MAX_TREE_DEPTH else []}
 
     def count(self) -> int:
         """How many sessions are stored."""
@@ -359,25 +440,50 @@ class Store:
             return int(self.conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
 
     # -- export / import
-    def export_session(self, sid: str) -> dict[str, Any]:
-        """The session as a JSON-ready dict that :meth:`import_session` reads back."""
+    def export_session(self, sid: str, branches: bool = True) -> dict[str, Any]:
+        """The session as a JSON-ready dict that :meth:`import_session` reads back; with
+        ``branches``, its branches (and theirs) ride along under ``"branches"``."""
+        return self._export(sid, branches, 0)
+
+    def _export(self, sid: str, branches: bool, depth: int) -> dict[str, Any]:
         s = self.load_session(sid)
-        return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "title": s["title"],
-                "created": s["created"], "model": s["model"], "prompt": s["prompt"],
-                "settings": s["settings"], "runs": s["runs"]}
+        out = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "title": s["title"],
+               "created": s["created"], "model": s["model"], "prompt": s["prompt"],
+               "settings": s["settings"], "runs": s["runs"]}
+        if s["branch"] is not None:
+            out["parent"], out["branch"] = s["parent"], s["branch"]
+        if branches and s["branches"] and depth < MAX_TREE_DEPTH:
+            out["branches"] = [self._export(k, True, depth + 1) for k in s["branches"]]
+        return out
 
     def import_session(self, data: dict[str, Any] | str | bytes) -> str:
-        """Store an export as a new session (a new id; nothing is ever overwritten).
+        """Store an export as a new session (a new id; nothing is ever overwritten); return its id.
 
-        ``data`` is the export dict or its JSON text. Raises :class:`PlaygroundError` with one
-        line, changing nothing, for text that is not JSON, a file over
+        ``data`` is the export dict or its JSON text. Its branches are stored too, under new
+        ids, as branches of the new session; an exported branch whose parent is in this
+        database is attached to it again. Raises :class:`PlaygroundError` with one line,
+        changing nothing, for text that is not JSON, a file over
         ``PLAYGROUND_MAX_IMPORT_BYTES``, another format or version, or a malformed trace.
         """
         d = parse_export(data)
+        return self._write(lambda conn: self._import_tx(conn, d, None, 0))
+
+    def _import_tx(self, conn: sqlite3.Connection, d: dict[str, Any], parent: str | None, depth: int) -> str:
+        branch = d.get("branch")
+        if parent is None and branch is not None:
+            old = d.get("parent")
+            known = is_valid_session_id(old) and conn.execute("SELECT 1 FROM sessions WHERE id = ?", (old,)).fetchone()
+            parent = old if known else None
         row = {"title": _clean_title(d["title"], d["prompt"]), "model": d["model"], "prompt": d["prompt"],
-               "settings": _dumps(d["settings"], "the session settings"), "created": _now()}
+               "settings": _dumps(d["settings"], "the session settings"), "created": _now(),
+               "parent_id": parent, "branch": _dumps(branch, "the branch") if branch is not None else None}
         runs = [self._run_row(lane, t) for lane, t in enumerate(d["runs"])]
-        return self._insert(row, runs)
+        sid = self._insert_tx(conn, row, runs)
+        for child in d.get("branches") or []:
+            if depth >= MAX_TREE_DEPTH:
+                raise PlaygroundError(f"the import's branches nest deeper than {MAX_TREE_DEPTH}")
+            self._import_tx(conn, child, sid, depth + 1)
+        return sid
 
 
 def parse_export(data: dict[str, Any] | str | bytes) -> dict[str, Any]:
@@ -405,8 +511,26 @@ def parse_export(data: dict[str, Any] | str | bytes) -> dict[str, Any]:
     missing = [k for k in ("model", "prompt", "settings", "runs") if k not in data]
     if missing:
         raise PlaygroundError(f"the session export is missing field(s): {', '.join(missing)}")
-    _check_session(data.get("title"), data["model"], data["prompt"], data["settings"], data["runs"])
+    _check_export_tree(data, 0)
     return data
+
+
+def _check_export_tree(data: Any, depth: int) -> None:
+    """One export (and its branches): fields, traces and branch records."""
+    if depth and (not isinstance(data, dict) or any(k not in data for k in ("model", "prompt", "settings", "runs"))):
+        raise PlaygroundError("a branch in the import is not a session export")
+    _check_session(data.get("title"), data["model"], data["prompt"], data["settings"], data["runs"])
+    if data.get("branch") is not None:
+        _check_branch(data["branch"])
+    elif depth:
+        raise PlaygroundError("a branch in the import says nowhere where it branched off")
+    kids = data.get("branches")
+    if kids is None:
+        return
+    if not isinstance(kids, list) or depth >= MAX_TREE_DEPTH:
+        raise PlaygroundError("an export's branches must be a list of session exports")
+    for kid in kids:
+        _check_export_tree(kid, depth + 1)
 
 
 _default: Store | None = None

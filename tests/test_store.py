@@ -105,7 +105,8 @@ def test_list_newest_first_with_decoders(store: Store) -> None:
     listed = store.list_sessions()
     assert [s["id"] for s in listed] == [c, b, a]
     assert listed[1] == {"id": b, "title": "second", "model": "tiny-llama",
-                         "decoders": ["top_k", "top_p", "greedy"], "created": listed[1]["created"]}
+                         "decoders": ["top_k", "top_p", "greedy"], "created": listed[1]["created"],
+                         "parent": None, "branch": None}
     assert store.count() == 3
     assert [s["id"] for s in store.list_sessions(limit=2)] == [c, b]
     assert store.list_sessions(limit=2)[1]["decoders"] == ["top_k", "top_p", "greedy"]
@@ -271,17 +272,18 @@ def test_wal_and_schema_version(store: Store, db: Path) -> None:
 def test_older_database_is_migrated(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Version 0: a database file that exists but has never been set up.
     sqlite3.connect(db).execute("CREATE TABLE unrelated (x)").connection.close()
+    n = schema_version()
     with Store(db) as s:
-        assert s.version() == 1
+        assert s.version() == n
         sid = save(s, "kept")
         before = s.load_session(sid)
 
-    def v2(conn: sqlite3.Connection) -> None:
+    def v_next(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE sessions ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr("playground.store.MIGRATIONS", [*MIGRATIONS, v2])
+    monkeypatch.setattr("playground.store.MIGRATIONS", [*MIGRATIONS, v_next])
     with Store(db) as s:
-        assert s.version() == 2
+        assert s.version() == n + 1
         assert s.load_session(sid) == before
         assert "pinned" in s.db["sessions"].columns_dict
         assert s.conn.execute("SELECT pinned FROM sessions").fetchall() == [(0,)]
@@ -292,16 +294,16 @@ def test_failed_migration_changes_nothing(db: Path, monkeypatch: pytest.MonkeyPa
         sid = save(s)
     before = dump(db)
 
-    def v2(conn: sqlite3.Connection) -> None:
+    def v_next(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE sessions ADD COLUMN half INTEGER")
         conn.execute("THIS IS NOT SQL")
 
-    monkeypatch.setattr("playground.store.MIGRATIONS", [*MIGRATIONS, v2])
+    monkeypatch.setattr("playground.store.MIGRATIONS", [*MIGRATIONS, v_next])
     with pytest.raises(PlaygroundError, match="cannot use the session database"):
         Store(db)
     monkeypatch.setattr("playground.store.MIGRATIONS", MIGRATIONS)
     with Store(db) as s:
-        assert s.version() == 1 and "half" not in s.db["sessions"].columns_dict
+        assert s.version() == schema_version() and "half" not in s.db["sessions"].columns_dict
         assert s.load_session(sid)
     assert dump(db) == before
 
@@ -312,7 +314,7 @@ def test_newer_database_is_refused(db: Path) -> None:
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA user_version = 99")
     conn.close()
-    with pytest.raises(PlaygroundError, match="schema version 99; this playground reads up to 1"):
+    with pytest.raises(PlaygroundError, match=f"schema version 99; this playground reads up to {schema_version()}"):
         Store(db)
 
 
@@ -480,3 +482,133 @@ def test_kill_at_a_random_moment_of_a_write_loop(db: Path) -> None:
     # At most one more: committed just before the kill, not yet reported.
     assert s.count() - 1 in (len(reported), len(reported) + 1)
     s.close()
+
+
+# ---------------------------------------------------------------------- branches (issue 16)
+def _branch(store: Store, parent: str, lane: int = 0, step: int = 2, token: int = 77, title: str = "b") -> str:
+    traces = [make_trace("greedy", seed=40 + step)]
+    traces[0]["force"] = [[step, token]]
+    return store.save_session(title, "tiny-llama", "ROMEO:", {}, traces, parent=parent,
+                              branch={"lane": lane, "step": step, "position": step, "token": token})
+
+
+def test_branch_tree_saved_and_listed(store: Store) -> None:
+    root = save(store, "root")
+    a = _branch(store, root, lane=0, step=1, title="a")
+    b = _branch(store, root, lane=1, step=3, title="b")
+    aa = _branch(store, a, lane=0, step=4, title="aa")
+    s = store.load_session(a)
+    assert s["parent"] == root and s["branch"] == {"lane": 0, "step": 1, "position": 1, "token": 77}
+    assert s["branches"] == [aa] and store.load_session(root)["branches"] == [a, b]
+    assert store.load_session(root)["parent"] is None and store.load_session(root)["branch"] is None
+    tree = store.branch_tree(aa)  # from any member: the whole tree, from its root
+    assert tree["id"] == root and [k["id"] for k in tree["branches"]] == [a, b]
+    assert [k["id"] for k in tree["branches"][0]["branches"]] == [aa]
+    assert tree["branches"][1]["branch"]["lane"] == 1
+    listed = {s["id"]: s for s in store.list_sessions()}
+    assert listed[aa]["parent"] == a and listed[root]["parent"] is None
+
+
+def test_bad_branches_are_refused_and_change_nothing(store: Store, db: Path) -> None:
+    root = save(store, "root")  # two lanes
+    before = dump(db)
+    good = {"lane": 0, "step": 1, "position": 1, "token": 5}
+    for parent, branch, msg in [
+        (root, dict(good, lane=2), "not a lane of its parent"),
+        (root, dict(good, token=-1), "token must be a whole number"),
+        (root, {"lane": 0}, "step must be a whole number"),
+        (root, dict(good, colour="red"), "unknown field"),
+        (root, dict(good, lanes="some"), "'one' or 'all'"),
+        (new_session_id(), good, "no session with id"),
+        (root, None, "needs both"),
+        (None, good, "needs both"),
+    ]:
+        with pytest.raises(PlaygroundError, match=msg):
+            store.save_session("x", "m", "p", {}, [make_trace()], parent=parent, branch=branch)
+    assert dump(db) == before
+
+
+def test_branch_tree_survives_export_and_import(store: Store, tmp_path: Path) -> None:
+    root = save(store, "root")
+    a = _branch(store, root, step=1, title="a")
+    aa = _branch(store, a, step=4, title="aa")
+    exported = json.loads(json.dumps(store.export_session(root)))
+    assert [b["title"] for b in exported["branches"]] == ["a"]
+    # into a fresh database: the whole tree, new ids, same traces and branch records
+    with Store(tmp_path / "other.db") as other:
+        new_root = other.import_session(exported)
+        tree = other.branch_tree(new_root)
+        assert tree["id"] == new_root and [k["title"] for k in tree["branches"]] == ["a"]
+        new_a = tree["branches"][0]["id"]
+        new_aa = tree["branches"][0]["branches"][0]["id"]
+        assert {new_root, new_a, new_aa}.isdisjoint({root, a, aa})
+        for old, new in ((root, new_root), (a, new_a), (aa, new_aa)):
+            assert other.load_session(new)["runs"] == store.load_session(old)["runs"]
+            assert other.load_session(new)["branch"] == store.load_session(old)["branch"]
+        # a branch exported alone, into a database without its parent, becomes a root that
+        # still says where it branched off
+        lone = other.import_session(store.export_session(aa))
+        assert other.load_session(lone)["parent"] is None
+        assert other.load_session(lone)["branch"]["position"] == 4
+    # ...and into the database that has its parent: attached to it again
+    again = store.import_session(store.export_session(aa))
+    assert store.load_session(again)["parent"] == a
+
+
+def test_import_rejects_a_malformed_branch_and_changes_nothing(store: Store, db: Path) -> None:
+    root = save(store, "root")
+    _branch(store, root)
+    good = store.export_session(root)
+    before = dump(db)
+    no_record = json.loads(json.dumps(good))
+    del no_record["branches"][0]["branch"]
+    bad_trace = json.loads(json.dumps(good))
+    bad_trace["branches"][0]["runs"][0]["steps"][0]["kind"] = "teleport"
+    for data, msg in [(no_record, "says nowhere where it branched off"),
+                      (bad_trace, "no valid kind"),
+                      (dict(good, branches="x"), "must be a list"),
+                      (dict(good, branches=[{"a": 1}]), "not a session export")]:
+        with pytest.raises(PlaygroundError, match=msg):
+            store.import_session(data)
+    assert dump(db) == before
+
+
+def test_deleting_a_parent_keeps_its_branches(store: Store) -> None:
+    root = save(store, "root")
+    a = _branch(store, root)
+    store.delete_session(root)
+    s = store.load_session(a)
+    assert s["parent"] is None and s["branch"]["token"] == 77
+
+
+def test_a_version_1_database_gains_branches(db: Path) -> None:
+    conn = sqlite3.connect(db)
+    MIGRATIONS[0](conn)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO sessions VALUES ('A' || hex(randomblob(15)) || 'b', '2026-01-01', 't', 'm', 'p', '{}')")
+    conn.commit()
+    conn.close()
+    with Store(db) as s:
+        assert s.version() == schema_version() >= 2
+        [listed] = s.list_sessions()
+        assert listed["parent"] is None and listed["branch"] is None
+
+
+def test_sessions_cli_lists_branches(store: Store, db: Path, capsys: pytest.CaptureFixture) -> None:
+    from playground.cli import main
+
+    root = save(store, "root")
+    a = _branch(store, root, lane=1, step=2, token=77, title="the branch")
+    assert main(["sessions", "--db", str(db), "list"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith(a))
+    assert f"of {root}" in line and "branch at lane 2 step 2: token 77" in line
+    assert main(["sessions", "--db", str(db), "tree", a, "--json"]) == 0
+    tree = json.loads(capsys.readouterr().out)
+    assert tree["id"] == root and tree["branches"][0]["id"] == a
+    assert main(["sessions", "--db", str(db), "tree", a]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith(root) and text[1].lstrip().startswith("└") and a in text[1]
+    assert main(["sessions", "--db", str(db), "list", "--json"]) == 0
+    listed = {s["id"]: s for s in json.loads(capsys.readouterr().out)}
+    assert listed[a]["parent"] == root and listed[a]["branch"]["token"] == 77
