@@ -140,3 +140,90 @@ def build_masked(name: str, tok: Any, seed: int = 0) -> torch.nn.Module:
     model = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**kw)).eval()
     _sharpen(model, len(tok))
     return model
+
+
+# ---------------------------------------------------------------------- what runs where
+LABELS = {
+    "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "mistral-window": "Mistral (window)",
+    "gemma2": "Gemma-2", "gemma3": "Gemma-3 (text)", "phi3": "Phi-3", "gpt_neox": "GPT-NeoX", "gpt2": "GPT-2",
+    "opt": "OPT", "falcon": "Falcon", "olmo2": "OLMo-2", "smollm3": "SmolLM3", "gptj": "GPT-J", "mamba": "Mamba",
+    "bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT", "modernbert": "ModernBERT",
+}
+KIND_OF = {a: ("windowed" if a in WINDOWED else "recurrent" if a in RECURRENT else "full") for a in CAUSAL}
+# decoders that copy the cache once per hypothesis (``batch_repeat_interleave``): transformers
+# 5.24's recurrent cache layers have no such copy, and these decoders do not refuse yet
+BATCHED = ("arithmetic", "beam", "best_of_n", "contrastive_search", "diverse_beam", "mbr", "smc", "uid_beam")
+EXACT_VS_GENERATE = ("greedy", "beam")
+
+
+def expected(decoder: Any, kind: str) -> tuple[str, str]:
+    """(status, why) of a decoder class on a cache kind: ``exact`` (equals greedy or transformers
+    ``generate`` token for token, tested), ``runs``, ``refused`` (one line) or ``crashes``."""
+    from decoders.speculative._verify import SpecDecoder
+
+    spec = issubclass(decoder, SpecDecoder)
+    if kind == "recurrent" and spec:
+        return "refused", "a rejected draft must be cut back out of the state; Mamba's recurrent state cannot be"
+    if kind == "recurrent" and decoder.name in BATCHED:
+        return "crashes", "copies the cache per hypothesis; recurrent layers have no batch copy (refusal pending)"
+    if decoder.name in EXACT_VS_GENERATE or (spec and decoder.lossless):
+        return "exact", ""
+    return "runs", ""
+
+
+def support_table() -> str:
+    """The markdown tables of docs/models.md: cache kind per architecture, decoder per cache kind."""
+    import decoders  # noqa: F401 - registers every decoder
+    from decoders.base import all_decoders
+
+    kinds = ("full", "windowed", "recurrent")
+    heads = {k: ", ".join(LABELS[a] for a in CAUSAL if KIND_OF[a] == k) for k in kinds}
+    lines = ["| cache kind | architectures in the matrix | what the rollback decoders do |", "|---|---|---|",
+             f"| full attention | {heads['full']} | the model's own cache, cut back and reduced to the accepted path |",
+             f"| sliding window / hybrid | {heads['windowed']} | a cache whose every layer keeps all positions "
+             f"(the model applies its window); tree masks windowed per layer type |",
+             f"| recurrent state | {heads['recurrent']} | refused in one line |",
+             "", "| decoder | family | full attention | sliding window / hybrid | recurrent state |", "|---|---|---|---|---|"]
+    mark = {"exact": "exact", "runs": "yes", "refused": "refused", "crashes": "**crashes**"}
+    notes: dict[str, int] = {}
+    for cls in all_decoders():
+        if cls.kind != "causal":
+            continue
+        cells = []
+        for k in kinds:
+            status, why = expected(cls, k)
+            cell = mark[status]
+            if why:
+                n = notes.setdefault(why, len(notes) + 1)
+                cell += f" ({n})"
+            cells.append(cell)
+        lines.append(f"| `{cls.name}` | {cls.family} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"({n}) {why}." for why, n in notes.items()]
+    masked = ", ".join(LABELS[a] for a in MASKED)
+    diff = ", ".join(f"`{c.name}`" for c in all_decoders() if c.kind == "diffusion")
+    lines += ["", f"Diffusion decoders ({diff}) run on every masked LM of the matrix: {masked}."]
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- arch-matrix:begin -->", "<!-- arch-matrix:end -->"
+
+
+def doc_section(text: str) -> str:
+    """The generated part of docs/models.md (between the markers)."""
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+
+
+if __name__ == "__main__":  # python3 tests/_arch_models.py --write: refresh docs/models.md
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    table = support_table()
+    if "--write" in sys.argv:
+        doc = Path(__file__).resolve().parent.parent / "docs" / "models.md"
+        text = doc.read_text()
+        head, rest = text.split(BEGIN, 1)
+        doc.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+    else:
+        print(table)
