@@ -26,6 +26,7 @@ import gc
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -205,11 +206,14 @@ def _section(name: str, fn: Callable[[], list[str]], lines: list[str], notes: li
     """Run one part; a failure becomes a one-line note instead of losing the other parts."""
     t0 = time.perf_counter()
     try:
-        lines += fn()
+        new = fn()
+        lines += new
+        # printed as it comes, so a run cut short by a time limit still leaves its figures
+        print("\n".join(new), file=sys.stderr, flush=True)
     except Exception as e:  # noqa: BLE001 — a bench part that fails is reported, not fatal
         first = (str(e).strip().splitlines() or [""])[0][:200]
         notes.append(f"- {name}: failed — {type(e).__name__}: {first}")
-    print(f"[bench gpu] {name}: {time.perf_counter() - t0:.1f}s", flush=True)
+    print(f"[bench gpu] {name}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
 
 
 def run_suite(args: argparse.Namespace) -> str:
@@ -231,6 +235,7 @@ def run_suite(args: argparse.Namespace) -> str:
     t_arch, d_arch, m_arch = (TINY_TARGET, TINY_DRAFT, TINY_MASKED) if tiny else (TARGET, DRAFT, MASKED)
     n = 16 if quick else 128
     reps = 1 if quick else max(1, min(args.repeats, 3))
+    q_n = n if quick else 64  # 8-bit decoding is slow; fewer tokens, one timed run
     tok = _tokenizer()
     torch.manual_seed(0)
     lines: list[str] = []
@@ -277,7 +282,10 @@ def run_suite(args: argparse.Namespace) -> str:
         state["target"].save_pretrained(path)
         tok.save_pretrained(path)
         state["target_path"] = path
-        rows = []
+        rows = ["", f"Same weights quantized at load time; {q_n} new tokens, one timed run after a warm-up.",
+                "", _row("precision", "playground greedy tok/s", "generate tok/s", "ratio (ours / generate)",
+                         "same tokens", "peak GPU memory (GiB)"),
+                _row("---", "---:", "---:", "---:", "---", "---:")]
         for label, q in (("8-bit (LLM.int8)", BitsAndBytesConfig(load_in_8bit=True)),
                          ("4-bit (NF4, bf16 compute)", BitsAndBytesConfig(
                              load_in_4bit=True, bnb_4bit_quant_type="nf4",
@@ -286,8 +294,8 @@ def run_suite(args: argparse.Namespace) -> str:
             _reset_peak(device)
             m = AutoModelForCausalLM.from_pretrained(path, quantization_config=q, device_map="cuda")
             h = handle_from_model(m.eval(), tok, name=label, kind="causal")
-            res = alternate({"ours": lambda: ours(h, "greedy", n), "hf": lambda: hf_generate(h, n)},
-                            reps)
+            res = alternate({"ours": lambda: ours(h, "greedy", q_n),
+                             "hf": lambda: hf_generate(h, q_n)}, 1)
             rows.append(_row(label, f"{res['ours']['tok_s']:.1f}", f"{res['hf']['tok_s']:.1f}",
                              f"{res['ours']['tok_s'] / res['hf']['tok_s']:.2f}",
                              "yes" if res["ours"]["out"] == res["hf"]["out"] else "no",
