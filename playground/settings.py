@@ -19,6 +19,8 @@ Space deployed without any settings still refuses local paths, hub downloads and
 | ``PLAYGROUND_QUEUE_SIZE`` | most requests waiting in the queue (0 = no limit) | 0 | 32 |
 | ``PLAYGROUND_GPU_DURATION`` | seconds a ZeroGPU call may hold the GPU (0 = spaces' default) | 0 | 0 |
 | ``PLAYGROUND_LIST_SESSIONS`` | 1 lists every stored session (with rename/delete) in the Sessions tab; 0 hides the list, links and import still work | 1 | 0 |
+| ``PLAYGROUND_HUB_TIMEOUT`` | seconds a hub id that is not cached may take to answer before it fails with one line | 5 | 5 |
+| ``PLAYGROUND_MODEL_CACHE`` | loaded models kept in memory (least recently used dropped first) | 4 | 4 |
 
 A value that is not a number, or a source name that does not exist, is a configuration
 mistake: :func:`limits` raises :class:`PlaygroundError` naming the variable rather than
@@ -50,6 +52,19 @@ def _int(name: str, default: int, lo: int = 0) -> int:
         raise PlaygroundError(f"{name}={raw!r} is not a whole number") from None
     if value < lo:
         raise PlaygroundError(f"{name}={value} must be at least {lo}")
+    return value
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise PlaygroundError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise PlaygroundError(f"{name}={raw} must be a positive number of seconds")
     return value
 
 
@@ -94,6 +109,8 @@ class Limits:
     queue_size: int = 0
     gpu_duration: int = 0
     list_sessions: bool = True
+    hub_timeout: float = 5.0
+    model_cache: int = 4
 
 
 def limits() -> Limits:
@@ -114,6 +131,8 @@ def limits() -> Limits:
         # A session id is the key to a session: listing them all to every visitor of a
         # public Space would hand out every key (and the delete button with it).
         list_sessions=_flag("PLAYGROUND_LIST_SESSIONS", not space),
+        hub_timeout=_seconds("PLAYGROUND_HUB_TIMEOUT", 5.0),
+        model_cache=_int("PLAYGROUND_MODEL_CACHE", 4, lo=1),
     )
 
 

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HOSTING_VARS = ("PLAYGROUND_MAX_NEW_TOKENS", "PLAYGROUND_MAX_LANES", "PLAYGROUND_MAX_PROMPT_CHARS",
                 "PLAYGROUND_MODEL_SOURCES", "PLAYGROUND_ALLOW_REMOTE_CODE", "PLAYGROUND_NO_MODELS",
                 "PLAYGROUND_MAX_IMPORT_BYTES", "PLAYGROUND_CONCURRENCY", "PLAYGROUND_MODEL_CONCURRENCY",
-                "PLAYGROUND_QUEUE_SIZE", "PLAYGROUND_GPU_DURATION", "PLAYGROUND_LIST_SESSIONS", "SPACE_ID")
+                "PLAYGROUND_QUEUE_SIZE", "PLAYGROUND_GPU_DURATION", "PLAYGROUND_LIST_SESSIONS",
+                "PLAYGROUND_HUB_TIMEOUT", "PLAYGROUND_MODEL_CACHE", "SPACE_ID")
 
 
 @pytest.fixture(autouse=True)
@@ -137,6 +138,9 @@ def test_space_defaults_are_safe(monkeypatch, model_dir: Path) -> None:
     ("PLAYGROUND_MAX_LANES", "0", "PLAYGROUND_MAX_LANES=0 must be at least 1"),
     ("PLAYGROUND_MODEL_SOURCES", "bundeld", "unknown source(s) bundeld"),
     ("PLAYGROUND_ALLOW_REMOTE_CODE", "maybe", "is not a flag"),
+    ("PLAYGROUND_HUB_TIMEOUT", "soon", "PLAYGROUND_HUB_TIMEOUT='soon' is not a number of seconds"),
+    ("PLAYGROUND_HUB_TIMEOUT", "0", "PLAYGROUND_HUB_TIMEOUT=0 must be a positive number of seconds"),
+    ("PLAYGROUND_MODEL_CACHE", "0", "PLAYGROUND_MODEL_CACHE=0 must be at least 1"),
 ])
 def test_misconfiguration_is_an_error_not_a_generous_default(monkeypatch, name, value, message) -> None:
     monkeypatch.setenv(name, value)

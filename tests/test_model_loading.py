@@ -264,3 +264,12 @@ def test_model_info_reads_the_config_only(empty_cache):
     assert models.model_info("tiny-shakespeare-diffusion")["kind"] == "diffusion"
     with pytest.raises(PlaygroundError, match="does not exist"):
         models.model_info("./no/such/dir")
+
+
+def test_the_model_cache_keeps_as_many_models_as_configured(empty_cache, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MODEL_CACHE", "1")
+    first = models.load_model("tiny-shakespeare")
+    assert models.load_model("tiny-shakespeare") is first
+    models.load_model("tiny-shakespeare-draft")
+    assert len(model_cache._cache) == 1
+    assert models.load_model("tiny-shakespeare") is not first  # dropped, so loaded again

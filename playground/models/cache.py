@@ -8,7 +8,6 @@ poisons the next one. A cache hit takes no other lock than ``_cache_lock``.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from concurrent import futures
@@ -16,11 +15,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
 
 from playground.errors import Cancelled, PlaygroundError
+from playground.settings import limits
 
 if TYPE_CHECKING:
     from playground.models.handle import ModelHandle
 
-_LRU_SIZE = int(os.environ.get("PLAYGROUND_MODEL_CACHE", "4"))
 _cache: "OrderedDict[tuple, ModelHandle]" = OrderedDict()
 _inflight: dict[tuple, Future] = {}
 _cache_lock = threading.Lock()  # guards _cache and _inflight; held only for dict operations
@@ -44,6 +43,7 @@ def is_loaded(location: str) -> bool:
 
 def join_or_start(key: tuple, spec: str, job: Callable[[], "ModelHandle"]) -> Future:
     """The future of the load of ``key``: the one in flight, or a new one started here."""
+    size = limits().model_cache  # read here: a misconfiguration must not leave a future unsettled
     with _cache_lock:
         fut = _inflight.get(key)
         if fut is not None:
@@ -56,29 +56,30 @@ def join_or_start(key: tuple, spec: str, job: Callable[[], "ModelHandle"]) -> Fu
         _inflight[key] = fut
     try:
         # a thread of its own, so that every caller (the first included) can stop waiting
-        threading.Thread(target=_fill, args=(key, fut, job), name=f"load {spec}", daemon=True).start()
+        threading.Thread(target=_fill, args=(key, fut, job, size), name=f"load {spec}", daemon=True).start()
     except BaseException as e:  # noqa: BLE001 - e.g. no more threads: settle the future anyway
-        _settle(key, fut, error=e)
+        _settle(key, fut, size, error=e)
     return fut
 
 
-def _fill(key: tuple, fut: Future, job: Callable[[], "ModelHandle"]) -> None:
+def _fill(key: tuple, fut: Future, job: Callable[[], "ModelHandle"], size: int) -> None:
     try:
         handle = job()
     except BaseException as e:  # noqa: BLE001 - the future must settle, or waiters hang forever
-        _settle(key, fut, error=e)
+        _settle(key, fut, size, error=e)
     else:
-        _settle(key, fut, handle=handle)
+        _settle(key, fut, size, handle=handle)
 
 
-def _settle(key: tuple, fut: Future, handle: "ModelHandle | None" = None,
+def _settle(key: tuple, fut: Future, size: int, handle: "ModelHandle | None" = None,
             error: BaseException | None = None) -> None:
-    """Publish a load's outcome: cache it (on success) and leave the in-flight table together."""
+    """Publish a load's outcome: cache it (on success, keeping at most ``size`` models) and
+    leave the in-flight table, together."""
     with _cache_lock:
         if handle is not None:
             _cache[key] = handle
             _cache.move_to_end(key)
-            while len(_cache) > max(1, _LRU_SIZE):
+            while len(_cache) > max(1, size):
                 _cache.popitem(last=False)
         if _inflight.get(key) is fut:
             del _inflight[key]

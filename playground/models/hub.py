@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from concurrent import futures
 from concurrent.futures import Future
@@ -12,8 +11,7 @@ from typing import Any, Callable
 
 from playground.errors import PlaygroundError
 from playground.models._imports import _import, _import_lock
-
-_HUB_TIMEOUT = float(os.environ.get("PLAYGROUND_HUB_TIMEOUT", "5"))
+from playground.settings import limits
 
 
 def check_hub(spec: str) -> None:
@@ -21,8 +19,10 @@ def check_hub(spec: str) -> None:
 
     Left to itself, huggingface_hub waits 10 s per request and retries with backoff, and
     transformers makes several requests: ~70 s on a network that drops packets. One HEAD of
-    ``config.json`` with a short timeout and no retries tells the cases apart first.
+    ``config.json`` with a short timeout (``PLAYGROUND_HUB_TIMEOUT``) and no retries tells the
+    cases apart first.
     """
+    timeout = limits().hub_timeout
     try:
         constants, get_hf_file_metadata, hf_hub_url = _import(
             "huggingface_hub", "constants", "get_hf_file_metadata", "hf_hub_url")
@@ -34,7 +34,7 @@ def check_hub(spec: str) -> None:
         raise PlaygroundError(f"could not load {spec!r}: it is not in the local Hugging Face cache, and hub access is "
                               f"off (HF_HUB_OFFLINE is set): download it first or unset HF_HUB_OFFLINE")
     try:
-        _within(_HUB_TIMEOUT, lambda: get_hf_file_metadata(hf_hub_url(spec, "config.json"), timeout=_HUB_TIMEOUT))
+        _within(timeout, lambda: get_hf_file_metadata(hf_hub_url(spec, "config.json"), timeout=timeout))
     except errors.GatedRepoError:
         raise PlaygroundError(f"model {spec!r} is gated on the Hugging Face hub: accept its terms on its "
                               f"page and log in (`hf auth login`)") from None
@@ -49,7 +49,7 @@ def check_hub(spec: str) -> None:
     except errors.HfHubHTTPError as e:
         raise PlaygroundError(f"the Hugging Face hub refused {spec!r}: {first_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - timeouts, DNS, refused connections
-        raise PlaygroundError(f"cannot reach the Hugging Face hub for {spec!r} within {_HUB_TIMEOUT:g} s "
+        raise PlaygroundError(f"cannot reach the Hugging Face hub for {spec!r} within {timeout:g} s "
                               f"(offline? HF_HUB_OFFLINE=1 uses only the local cache): "
                               f"{first_line(e)}") from None
 
