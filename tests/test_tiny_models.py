@@ -175,3 +175,46 @@ def test_model_card_figures_reproduce(corpus, stage):
         for r in (15, 50, 90):  # the unigram baseline predicts the most frequent token
             assert f[f"masked_acc_{r}"] > 1.15 * f[f"unigram_acc_{r}"]
             assert f[f"masked_ce_{r}"] < f[f"unigram_ce_{r}"] - 0.1
+
+
+# ------------------------------------------------------------------- the GPU recipe (issue 17)
+
+def test_gpu_recipe_fits_the_size_budget(tokenizers):
+    """Built at full size (not trained): each model.safetensors under 15 MB in fp32, all three
+    under 60 MB, the draft at least 5x smaller than the target."""
+    tok = tokenizers["tiny-shakespeare"]
+    sizes = {}
+    for stage in ("target", "draft", "diffusion"):
+        model = train_tiny.build_model(stage, train_tiny.recipe(stage, False, "gpu")["arch"], tok)
+        sizes[stage] = train_tiny.n_params(model)
+    assert all(4 * n < 15e6 for n in sizes.values()), sizes
+    assert 4 * sum(sizes.values()) < 60e6
+    assert sizes["target"] >= 5 * sizes["draft"]
+
+
+def test_gpu_recipe_smoke_keeps_the_best_held_out_weights(tmp_path):
+    """`--recipe gpu` trains with held-out early stopping and says so in eval.json and the card."""
+    import argparse
+    import shutil
+
+    for name in ALL:  # the shared tokenizer, as the GPU session starts from the bundled one
+        (tmp_path / name).mkdir()
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(MODELS / name / f, tmp_path / name / f)
+    parser = argparse.ArgumentParser()
+    train_tiny.add_arguments(parser)
+    args = parser.parse_args(["--smoke", "--recipe", "gpu", "--only", "target", "--out",
+                              str(tmp_path), "--steps", "3", "--threads", "1"])
+    assert train_tiny.run(args) == 0
+    ev = json.loads((tmp_path / "tiny-shakespeare" / "eval.json").read_text())
+    t = ev["training"]
+    assert t["recipe"] == "gpu" and t["early_stopping"] and 1 <= t["best_step"] <= 3
+    assert t["holdout_tokens"] > 0 and t["dropout"] > 0
+    assert "Early stopping" in (tmp_path / "tiny-shakespeare" / "README.md").read_text()
+
+
+def test_get_batch_windows_are_slices_of_the_stream():
+    data = torch.arange(1000)
+    batch = train_tiny.get_batch(data, 4, 16, torch.Generator().manual_seed(0))
+    assert batch.shape == (4, 17)
+    assert ((batch[:, 1:] - batch[:, :-1]) == 1).all()
