@@ -74,11 +74,12 @@ def remote_code_allowed() -> bool:
     """Whether a request may ask for ``trust_remote_code`` on this instance.
 
     True where ``PLAYGROUND_ALLOW_REMOTE_CODE`` allows it (default locally, off on a Space) and
-    models may be loaded at all. The page shows its remote-code opt-in only where this is true;
-    elsewhere :func:`playground.models.load_model` refuses the opt-in in one line.
+    a model other than the bundled ones (which need no code of their own) may be loaded. The
+    page shows its remote-code opt-in only where this is true; elsewhere
+    :func:`playground.models.load_model` refuses the opt-in in one line.
     """
     lim = limits()
-    return lim.allow_remote_code and not lim.no_models and bool(lim.model_sources)
+    return lim.allow_remote_code and not lim.no_models and any(s != "bundled" for s in lim.model_sources)
 
 
 def queue_settings() -> dict[str, Any]:

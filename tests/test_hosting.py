@@ -98,7 +98,9 @@ def test_remote_code_opt_in_is_offered_only_where_the_host_allows_it(monkeypatch
     assert hosting.remote_code_allowed() and api.remote_code_allowed()  # a local install
     monkeypatch.setenv("SPACE_ID", "someone/decoder-playground")
     assert not hosting.remote_code_allowed() and not api.remote_code_allowed()
-    monkeypatch.setenv("PLAYGROUND_ALLOW_REMOTE_CODE", "1")  # the Space's owner opts in
+    monkeypatch.setenv("PLAYGROUND_ALLOW_REMOTE_CODE", "1")  # the Space's owner opts in...
+    assert not hosting.remote_code_allowed()  # ...but bundled models have no code of their own
+    monkeypatch.setenv("PLAYGROUND_MODEL_SOURCES", "bundled,hub")
     assert hosting.remote_code_allowed()
     monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")  # a replay-only instance loads nothing
     assert not hosting.remote_code_allowed()
