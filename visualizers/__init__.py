@@ -20,6 +20,7 @@ from visualizers.canvas import canvas_html, commits_per_step_figure, position_me
 from visualizers.compare import divergence_html, progress_figure
 from visualizers.contrast import candidates_html, contrast_figure, contrast_run_figure, dola_figure, dola_run_figure
 from visualizers.dist import distribution_figure, timeline_figure
+from visualizers.divergence import divergence_figure
 from visualizers.jacobi import jacobi_grid_figure
 from visualizers.lens import lens_figure, lens_run_figure
 from visualizers.smc import ess_figure, particles_figure
@@ -68,6 +69,12 @@ RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figu
     "watermark": [("Watermark z-score", watermark_z_figure)],
     "smc": [("Effective sample size", ess_figure)],
 }
+
+
+# Plots across lanes (functions of the list of traces), drawn in the comparison strip.
+COMPARE_PLOTS: list[tuple[str, Callable[[list[dict[str, Any]]], go.Figure]]] = [
+    ("Divergence between lanes", divergence_figure),
+]
 
 
 def step_count(trace: dict[str, Any]) -> int:
@@ -136,7 +143,7 @@ def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
 
 
 __all__ = [
-    "STEP_PLOTS", "RUN_PLOTS", "step_count", "step_figures", "run_figures",
+    "STEP_PLOTS", "RUN_PLOTS", "COMPARE_PLOTS", "divergence_figure", "step_count", "step_figures", "run_figures",
     "tokens_html", "legend_html", "stats_line",
     "distribution_figure", "timeline_figure",
     "draft_tree_figure", "accepted_length_histogram", "acceptance_timeline",
