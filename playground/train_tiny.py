@@ -118,14 +118,14 @@ GPU_RECIPES = {
         arch=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=6,
                   num_attention_heads=3, num_key_value_heads=3),
         steps=4000, batch_size=64, seq_len=256, lr=2e-3, min_lr=1e-4, warmup=100,
-        weight_decay=0.1, dropout=0.15, eval_every=100, max_seconds=90,
+        weight_decay=0.1, dropout=0.15, eval_every=100, max_seconds=85,
     ),
     "draft": dict(
         # ~0.61M parameters: 5.6x fewer than the target (the issue asks for >= 5x)
         arch=dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=2),
         steps=4000, batch_size=64, seq_len=256, lr=3e-3, min_lr=1.5e-4, warmup=100,
-        weight_decay=0.05, dropout=0.0, eval_every=100, max_seconds=55,
+        weight_decay=0.05, dropout=0.0, eval_every=100, max_seconds=50,
         distill=0.8,  # top-1 agreement is what speculation needs: lean on the teacher
     ),
     "diffusion": dict(
@@ -134,7 +134,7 @@ GPU_RECIPES = {
                   layer_types=["sliding_attention", "sliding_attention", "full_attention",
                                "sliding_attention", "full_attention", "full_attention"]),
         steps=6000, batch_size=64, seq_len=256, lr=2e-3, min_lr=1e-4, warmup=100,
-        weight_decay=0.1, dropout=0.1, eval_every=100, max_seconds=100,
+        weight_decay=0.1, dropout=0.1, eval_every=100, max_seconds=95,
         eps=1e-3, prefix_share=0.25,
         # a share of sequences with t ~ U(high_t, 1): the decoders start from a fully masked
         # canvas, where the CPU model was barely above the unigram baseline
