@@ -201,3 +201,26 @@ def select_cache(cache: Any, keep: Sequence[int]) -> None:
             idx = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
         layer.keys = layer.keys.index_select(-2, idx)
         layer.values = layer.values.index_select(-2, idx)
+
+
+def repeat_batch(cache: Any, k: int) -> None:
+    """Repeat every batch row of ``cache`` ``k`` times in place (beams, samples, candidates).
+
+    ``Cache.batch_repeat_interleave`` fails on recurrent layers (Mamba's), which have no such
+    method in transformers 5.24; their ``reorder_cache`` with repeated row indices does the same.
+    """
+    for layer in cache.layers:
+        if hasattr(layer, "batch_repeat_interleave"):
+            layer.batch_repeat_interleave(k)
+        else:
+            rows = _batch_size(layer)
+            if rows:
+                layer.reorder_cache(torch.arange(rows).repeat_interleave(k))
+
+
+def _batch_size(layer: Any) -> int:
+    for states in (getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)):
+        for t in (states or {}).values():
+            if torch.is_tensor(t):
+                return int(t.shape[0])
+    return 0

@@ -296,3 +296,18 @@ def test_models_doc_shows_the_current_matrix():
     assert BEGIN in doc, "docs/models.md lacks the architecture table"
     assert doc_section(doc) == support_table().strip(), \
         "docs/models.md is stale: run python3 tests/_arch_models.py --write"
+
+
+@pytest.mark.parametrize("arch", ["mamba", "gemma2"])
+def test_repeat_batch_copies_every_kind_of_cache(models, arch):
+    """Beams and candidates copy the prompt's cache per hypothesis: recurrent layers too."""
+    from decoders._cache import repeat_batch
+
+    target, _ = models(arch)
+    ids = target.encode(PROMPT)
+    cache = target.forward(ids, cache=target.new_cache()).cache
+    repeat_batch(cache, 3)
+    nxt = [5, 6, 7]
+    got = target.forward(torch.tensor([[t] for t in nxt]), cache=cache).logits[:, 0]
+    want = torch.stack([target.forward(ids + [t]).logits[0, -1] for t in nxt])
+    assert torch.allclose(got, want, atol=1e-4)
