@@ -204,3 +204,20 @@ def test_constraint_knobs_exist_where_promised():
                  "mirostat", "speculative", "spec_tree", "prompt_lookup", "jacobi", "lookahead"]:
         params = get_decoder(name).params
         assert {"regex", "json_schema", "grammar"} <= set(params), name
+
+
+def test_beam_under_regex(llama_handle):
+    eos = set(llama_handle.eos_ids)
+    one = run(llama_handle, "beam", "ROMEO: But soft", 14, regex=WORDS, num_beams=1)
+    greedy = run(llama_handle, "greedy", "ROMEO: But soft", 14, regex=WORDS)
+    # one beam under a constraint is constrained greedy (beam ends a complete text with EOS)
+    assert [t for t in one.output_ids if t not in eos] == greedy.output_ids
+    tr = run(llama_handle, "beam", "ROMEO: But soft", 14, regex=WORDS, num_beams=4)
+    text = llama_handle.tokenizer.decode([t for t in tr.output_ids if t not in eos])
+    assert pyregex.fullmatch(WORDS, text, partial=True)
+    for s in tr.steps:
+        for b in s.evidence["beams"]:
+            gen = llama_handle.tokenizer.decode([t for t in b["ids"] if t not in eos])
+            if b["score"] > -1e8:
+                assert pyregex.fullmatch(WORDS, gen, partial=True), gen
+    assert all("constraint" in s.evidence for s in tr.steps)

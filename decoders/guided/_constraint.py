@@ -398,3 +398,47 @@ def stage_for(view: Any, params: dict[str, Any]) -> Stage | None:
         return None
     check_knobs("?", params)
     return Stage(view, params)
+
+
+# ---------------------------------------------------------------------- many rows (beam search)
+def mask_rows(rows: Sequence[Row], scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Constrain a (rows, V) score matrix row by row; the evidence is row 0's (the best beam).
+
+    A row the constraint leaves no token (or whose matcher broke on a token a dead beam was
+    handed) gets ``-inf`` everywhere: that beam dies. Only when every row is dead is it one
+    PlaygroundError line.
+    """
+    out = torch.full_like(scores, float("-inf"))
+    ev: dict[str, Any] | None = None
+    first_error: PlaygroundError | None = None
+    for i, r in enumerate(rows):
+        try:
+            masked, e = r.apply(scores[i])
+        except PlaygroundError as err:
+            first_error = first_error or err
+            continue
+        out[i] = masked.to(out.dtype)
+        if ev is None:
+            ev = e
+    if ev is None:
+        raise first_error or PlaygroundError("the constraint leaves no token for any beam")
+    return out, ev
+
+
+def follow_rows(rows: Sequence[Row], parents: Sequence[int], tokens: Sequence[int],
+                stepped: Sequence[bool]) -> list[Row]:
+    """The rows after a beam step: row ``i`` becomes a copy of ``rows[parents[i]]`` advanced by
+    ``tokens[i]`` (rows whose group did not step stay as they are). A token the constraint forbids
+    (handed to a dead beam by the top-k) leaves that row broken, i.e. dead at the next mask."""
+    new: list[Row] = []
+    for i, (par, tok) in enumerate(zip(parents, tokens)):
+        if not stepped[i]:
+            new.append(rows[i])
+            continue
+        r = rows[par].clone()
+        try:
+            r.advance(tok)
+        except PlaygroundError:
+            pass  # the matcher is now in its error state: the beam is dead
+        new.append(r)
+    return new
