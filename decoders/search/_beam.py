@@ -10,7 +10,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from decoders.ar import constraint_stage
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, PlaygroundError
+from decoders.guided._constraint import follow_rows, mask_rows
 from playground.trace import Step
 
 BIG = 1.0e9  # transformers' "very large negative" score for excluded candidates
@@ -237,10 +239,17 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
                       patience=float(p.get("patience", 1.0)), uid_lam=uid_lam) for g in range(groups)]
     state = BatchState(ctx.target, ctx.prompt_ids, num_beams)
     logits = state.first[None].expand(num_beams, -1)
+    stage = constraint_stage(ctx)  # regex/json_schema/grammar: one matcher state per beam
+    crows = [stage.row() for _ in range(num_beams)] if stage else None
     prev_pos: dict[int, int] = {}  # global row -> index in the previous step's beams list
     for t in range(ctx.max_new_tokens):
         ctx.check_cancel()
         logprobs = torch.log_softmax(logits.float(), -1)
+        cev = None
+        if crows is not None:
+            # masked on the log-probs, as transformers' processors: scores stay the model's log-probability
+            logprobs, cev = mask_rows(crows, logprobs)
+        stepped = [False] * num_beams
         rows = list(range(num_beams))
         feed = [0] * num_beams
         chosen = torch.zeros(logprobs.shape[-1], dtype=torch.float32)
@@ -256,6 +265,7 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
             if diversity_penalty and g > 0:
                 lp = lp - diversity_penalty * chosen[None, :]
             parents, tokens, fin, fin_par = grp.step(lp, t, ctx)
+            stepped[base:base + gs] = [True] * gs
             for j, (par, tok) in enumerate(zip(parents, tokens)):
                 rows[base + j] = base + par
                 feed[base + j] = tok
@@ -277,11 +287,15 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
         extra: dict[str, Any] = {}
         if uid_lam:
             extra["uid"] = uid_evidence(bank[0], uid_lam)
+        if cev is not None:
+            extra["constraint"] = cev
         yield Step("beam", [], beams=running_ev + finished_ev, groups=groups, **extra)
         prev_pos = row_pos
         if all(grp.done for grp in bank):
             break
         state.reorder(rows)
+        if crows is not None:
+            crows = follow_rows(crows, rows, feed, stepped)
         logits = state.advance(feed)
     pool = sorted((h for grp in bank for h in grp.pool), key=lambda h: -h.score)
     if not pool:  # cancelled before anything finished: fall back to the best running beam

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from decoders.base import Context, Decoder, Float, Int, register
+from decoders.guided._constraint import constraint_params
 from decoders.search._beam import BeamParams, _beam_knobs, group_beam_search
 from playground.trace import Step
 
@@ -28,7 +29,7 @@ class Beam(Decoder):
     family = "search"
     kind = "causal"
     step_kind = "beam"
-    params = BeamParams(**_beam_knobs(4, 1))
+    params = BeamParams(**_beam_knobs(4, 1), **constraint_params(words=False))
     reference = ("Beam search (Lowerre 1976; Graves 2012; Sutskever et al. 2014); transformers 5 semantics; "
                  "Kasai et al. 2022, A Call for Clarity in Beam Search: How It Works and When It Stops (patience)")
     description = "Keep the k best partial sequences; return the best finished one"
