@@ -21,6 +21,7 @@ from visualizers.compare import divergence_html, progress_figure
 from visualizers.contrast import candidates_html, contrast_figure, contrast_run_figure, dola_figure, dola_run_figure
 from visualizers.dist import distribution_figure, timeline_figure
 from visualizers.divergence import divergence_figure
+from visualizers.guided import constraint_figure, constraint_run_figure
 from visualizers.jacobi import jacobi_grid_figure
 from visualizers.lens import lens_figure, lens_run_figure
 from visualizers.smc import ess_figure, particles_figure
@@ -38,10 +39,13 @@ STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot], str
               ("Layer divergence", dola_figure, "dola"),
               ("Candidates", candidates_html, "candidates"),
               ("Logit lens", lens_figure, "lens"),
-              ("Watermark", watermark_tokens_html, "watermark")],
-    "draft": [("Draft tree", draft_tree_figure, None), ("Correction distribution", distribution_figure, "correction_dist")],
+              ("Watermark", watermark_tokens_html, "watermark"),
+              ("Constraint", constraint_figure, "constraint")],
+    "draft": [("Draft tree", draft_tree_figure, None), ("Correction distribution", distribution_figure, "correction_dist"),
+              ("Constraint", constraint_figure, "constraint")],
     "denoise": [("Canvas", canvas_html, None), ("Per-position metrics", position_metrics_figure, None)],
-    "beam": [("Beam tree", beam_tree_figure, None), ("Particles", particles_figure, "smc")],
+    "beam": [("Beam tree", beam_tree_figure, None), ("Particles", particles_figure, "smc"),
+             ("Constraint", constraint_figure, "constraint")],
     "jacobi": [("Jacobi grid", jacobi_grid_figure, None)],
 }
 MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
@@ -68,6 +72,7 @@ RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figu
     "lens": [("Logit lens over the run", lens_run_figure)],
     "watermark": [("Watermark z-score", watermark_z_figure)],
     "smc": [("Effective sample size", ess_figure)],
+    "constraint": [("Constraint over the run", constraint_run_figure)],
 }
 
 
@@ -153,4 +158,5 @@ __all__ = [
     "contrast_figure", "contrast_run_figure", "candidates_html", "dola_figure", "dola_run_figure",
     "lens_figure", "lens_run_figure",
     "watermark_tokens_html", "watermark_z_figure", "particles_figure", "ess_figure",
+    "constraint_figure", "constraint_run_figure",
 ]
