@@ -13,11 +13,30 @@ from playground.models import handle_from_model
 PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo", "To be, or not to be"]
 
 
+def untied_llama(tokenizer, seed: int, layers: int, hidden: int, name: str):
+    """A tiny random Llama with an untied, scaled LM head: peaked, varied next-token choices
+    (the tied tiny models of conftest mostly repeat their input, so two of them agree)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(16.0)
+    return handle_from_model(model, tokenizer, name=name)
+
+
+@pytest.fixture(scope="module")
+def large(tokenizer):
+    return untied_llama(tokenizer, 1, 2, 64, "collab-large")
+
+
 @pytest.fixture(scope="module")
 def small(tokenizer):
-    from conftest import build_llama
-
-    return handle_from_model(build_llama(tokenizer, seed=5, layers=1, hidden=32), tokenizer, name="tiny-small")
+    return untied_llama(tokenizer, 2, 1, 32, "collab-small")
 
 
 def run(handle, decoder, prompt, n, params=None, draft=None, seed=0):
@@ -35,24 +54,25 @@ def next_argmax(handle, ids) -> int:
 
 # ---------------------------------------------------------------------- EAD
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_ead_limits(llama_handle, small, prompt):
+def test_ead_limits(large, small, prompt):
     """A threshold above any entropy: the small model's greedy text and no large forward;
     a threshold of 0: the large model's greedy text, every token from it."""
-    never = run(llama_handle, "ead", prompt, 12, {"entropy_threshold": 100.0}, draft=small)
+    never = run(large, "ead", prompt, 12, {"entropy_threshold": 100.0}, draft=small)
     assert never.output_ids == greedy_ids(small, prompt, 12)
     assert never.stats["target_forwards"] == 0 and never.stats["small_share"] == 1.0
-    always = run(llama_handle, "ead", prompt, 12, {"entropy_threshold": 0.0, "span": 3}, draft=small)
-    assert always.output_ids == greedy_ids(llama_handle, prompt, 12)
+    always = run(large, "ead", prompt, 12, {"entropy_threshold": 0.0, "span": 3}, draft=small)
+    assert always.output_ids == greedy_ids(large, prompt, 12)
+    assert always.output_ids != never.output_ids  # the two models really disagree
     assert always.stats["small_share"] == 0.0
     assert all(s.evidence["source"] == "large" for s in always.steps)
 
 
-def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(llama_handle, small):
-    entropies = [s.evidence["small_entropy"] for s in run(llama_handle, "ead", PROMPTS[0], 16,
+def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(large, small):
+    entropies = [s.evidence["small_entropy"] for s in run(large, "ead", PROMPTS[0], 16,
                                                           {"entropy_threshold": 100.0}, draft=small).steps]
     thr = sorted(entropies)[len(entropies) // 2]  # about half the positions trigger
     span = 3
-    trace = run(llama_handle, "ead", PROMPTS[0], 16, {"entropy_threshold": thr, "span": span}, draft=small)
+    trace = run(large, "ead", PROMPTS[0], 16, {"entropy_threshold": thr, "span": span}, draft=small)
     ids = list(trace.prompt_ids)
     left = 0
     sources = set()
@@ -66,7 +86,7 @@ def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(llama_h
         expect = "large" if left else "small"
         assert ev["source"] == expect
         sources.add(expect)
-        assert tok == next_argmax(llama_handle if left else small, ids)
+        assert tok == next_argmax(large if left else small, ids)
         assert ev["dist"]["chosen"] == tok
         left = max(0, left - 1)
         ids.append(tok)
@@ -77,23 +97,64 @@ def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(llama_h
     assert trace.extra.get("lossy") is True  # flagged: the output is neither model's own greedy text
 
 
-def test_ead_rolling_window_averages_the_small_models_entropy(llama_handle, small):
-    trace = run(llama_handle, "ead", PROMPTS[1], 10, {"entropy_threshold": 100.0, "window": 3}, draft=small)
+def test_ead_rolling_window_averages_the_small_models_entropy(large, small):
+    trace = run(large, "ead", PROMPTS[1], 10, {"entropy_threshold": 100.0, "window": 3}, draft=small)
     hs = [s.evidence["small_entropy"] for s in trace.steps]
     for i, s in enumerate(trace.steps):
         recent = hs[max(0, i - 2): i + 1]
         assert s.evidence["rolling_entropy"] == pytest.approx(sum(recent) / len(recent), abs=1e-4)
 
 
+# ---------------------------------------------------------------------- speculative cascades
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_always_deferring_cascade_is_target_greedy(large, small, prompt, gamma):
+    trace = run(large, "spec_cascade", prompt, 12, {"rule": "always", "gamma": gamma}, draft=small)
+    assert trace.output_ids == greedy_ids(large, prompt, 12)
+    assert trace.stats["changed_tokens"] == 0
+    assert not trace.extra.get("lossy")
+
+
+@pytest.mark.parametrize("rule,alpha", [("chow", 0.0), ("chow", 0.3), ("diff", 0.05), ("opt", 0.3)])
+def test_cascade_counts_the_tokens_it_changed(large, small, rule, alpha):
+    """Every committed token is the target's greedy choice unless it is a drafted token the
+    rule kept; those are counted in changed_tokens, and the trace is flagged lossy."""
+    trace = run(large, "spec_cascade", PROMPTS[0], 16, {"rule": rule, "alpha": alpha, "gamma": 3},
+                draft=small)
+    ids = list(trace.prompt_ids)
+    changed = kept = 0
+    for s in trace.steps:
+        tree = s.evidence["tree"]
+        nodes = tree["nodes"]
+        for j, tok in enumerate(s.committed):
+            best = next_argmax(large, ids)
+            if j < len(tree["accepted_path"]):
+                node = nodes[tree["accepted_path"][j]]
+                assert node["token"] == tok and node["accepted"]
+                assert node["changed"] == (tok != best)
+                assert tok == best or not node["deferred"]  # a deferred position keeps only agreeing tokens
+                changed += int(tok != best)
+                kept += 1
+            else:
+                assert tok == best  # the correction or bonus token is the target's
+            ids.append(tok)
+    assert trace.stats["changed_tokens"] == changed
+    assert trace.stats["small_share"] == pytest.approx(kept / len(trace.output_ids), abs=1e-4)
+    assert trace.extra.get("lossy") is True
+    if rule == "chow" and alpha == 0.0:  # never defers: every drafted token stands
+        assert all(n["accepted"] for s in trace.steps for n in s.evidence["tree"]["nodes"])
+        assert changed > 0
+
+
 # ---------------------------------------------------------------------- bad inputs
-@pytest.mark.parametrize("decoder", ["ead"])
-def test_collab_needs_a_small_model(llama_handle, decoder):
+@pytest.mark.parametrize("decoder", ["ead", "spec_cascade"])
+def test_collab_needs_a_small_model(large, decoder):
     with pytest.raises(PlaygroundError, match="needs a draft model") as e:
-        prepare(model=llama_handle, decoder=decoder, prompt="ROMEO:", max_new_tokens=4)
+        prepare(model=large, decoder=decoder, prompt="ROMEO:", max_new_tokens=4)
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("decoder", ["ead"])
+@pytest.mark.parametrize("decoder", ["ead", "spec_cascade"])
 def test_collab_refuses_a_diffusion_target(small, decoder):
     with pytest.raises(PlaygroundError, match=r"is a diffusion model.*causal") as e:
         prepare(model="tiny-shakespeare-diffusion", decoder=decoder, prompt="ROMEO:", max_new_tokens=4, draft=small)

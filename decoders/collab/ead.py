@@ -10,7 +10,7 @@ import torch
 from decoders.ar import dist_evidence
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.collab._common import argmax, check_small_model, entropy_nats, share
-from decoders.speculative.draft_model import DraftState
+from decoders.speculative.draft_model import DraftState, fit_logits
 from playground.trace import Step
 
 
@@ -63,7 +63,7 @@ class EAD(Decoder):
             ctx.check_cancel()
             ev: dict[str, Any] = {}
             if large_left == 0:
-                s_logits = small.catch_up(prompt + out)[:V]
+                s_logits = fit_logits(small.catch_up(prompt + out), V)
                 h = entropy_nats(s_logits)
                 recent = (recent + [h])[-window:]
                 rolling = sum(recent) / len(recent)
