@@ -58,6 +58,8 @@ def test_local_directory_and_kind(tmp_path, tokenizer):
     assert h.kind == "causal" and h.source == "path" and h.device.type == "cpu"
     assert h.dtype == torch.float32
     assert load_model(str(tmp_path)) is h  # LRU
+    # opting in to remote code changes nothing for a model without code of its own: one copy
+    assert load_model(str(tmp_path), trust_remote_code=True) is h
     with pytest.raises(PlaygroundError, match="causal model"):
         load_model(str(tmp_path), kind="diffusion")
     h16 = load_model(str(tmp_path), dtype="bfloat16")

@@ -47,16 +47,20 @@ def load_model(spec: str, kind: str | None = None, device: str = "auto", dtype: 
     source, location = allowed(spec, trust_remote_code)
     if kind is not None and kind not in KINDS:
         raise PlaygroundError(f"unknown model kind {kind!r}; expected causal or diffusion")
-    key = (location, device, dtype, quantization, device_map, trust_remote_code)
-    handle = cache.cached(key)
+    placement = (location, device, dtype, quantization, device_map)
+    # An opt-in to remote code changes nothing for a model without code of its own, which is
+    # therefore cached once, under "not trusted", whichever way it was asked for.
+    handle = cache.cached(placement + (trust_remote_code,)) or (
+        cache.cached(placement + (False,)) if trust_remote_code else None)
     if handle is None:
         # The kind is checked from the config, before any weights are read; a hub id is
         # probed here with a short timeout, outside the weights lock, so it delays no one else.
         config = read_config(spec, source, location, trust_remote_code)
         check_kind(spec, detect_kind(config), kind)
+        trust = trust_remote_code and bool(getattr(config, "auto_map", None))
         job = functools.partial(_load, spec, source, location, config, device, dtype, quantization,
-                                device_map, trust_remote_code)
-        handle = cache.wait(cache.join_or_start(key, spec, job), spec, cancel)
+                                device_map, trust)
+        handle = cache.wait(cache.join_or_start(placement + (trust,), spec, job), spec, cancel)
     check_kind(spec, handle.kind, kind)
     return handle
 
