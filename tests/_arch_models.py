@@ -165,7 +165,9 @@ def expected(decoder: Any, kind: str) -> tuple[str, str]:
     if kind == "recurrent" and spec:
         return "refused", "a rejected draft must be cut back out of the state; Mamba's recurrent state cannot be"
     if kind == "recurrent" and decoder.name in BATCHED:
-        return "crashes", "copies the cache per hypothesis; recurrent layers have no batch copy (refusal pending)"
+        return "crashes", ("copies the cache per hypothesis with `batch_repeat_interleave`, which transformers' "
+                           "recurrent layers lack; `decoders._cache.repeat_batch` does it on every layer kind "
+                           "(tested), not yet used by these decoders")
     if decoder.name in EXACT_VS_GENERATE or (spec and decoder.lossless):
         return "exact", ""
     return "runs", ""

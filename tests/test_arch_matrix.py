@@ -180,9 +180,15 @@ def test_tree_mask_is_windowed_per_layer_type(models):
 # ---------------------------------------------------------------------- every other decoder
 def _runs_or_refuses(target, draft, cls, arch):
     status, _why = expected(cls, KIND_OF[arch])
-    if status == "crashes":
-        pytest.xfail(f"{cls.name} on {arch}: known gap, see docs/models.md")
     params = {"temperature": 0.0} if cls.name in ("speculative", "spec_tree") else {}
+    if status == "crashes":
+        try:
+            run(target, cls.name, n=6, draft=draft, **params)
+        except PlaygroundError:
+            pytest.fail(f"{cls.name} on {arch} now refuses: update expected() in tests/_arch_models.py")
+        except Exception:  # noqa: BLE001 - the known gap, still there
+            pytest.xfail(f"{cls.name} on {arch}: known gap, see docs/models.md")
+        pytest.fail(f"{cls.name} on {arch} now runs: update expected() in tests/_arch_models.py")
     if status == "refused":
         with pytest.raises(PlaygroundError) as e:
             run(target, cls.name, n=6, draft=draft, **params)
