@@ -27,6 +27,13 @@ FAMILY_SHOWS = {
                    "with its candidates",
 }
 
+# What a decoder's steps record when it has a knob of this name and the knob is set.
+KNOB_SHOWS = {
+    "regex": "; under a constraint (`regex`, `json_schema`, `grammar`, `logit_bias`, `bad_words`, `token_healing`) "
+             "each step also records `constraint`: allowed tokens, the probability mass the constraint removed, "
+             "the top allowed and blocked tokens",
+}
+
 FAMILIES = {
     "sampling": "Sampling: one composable processor chain",
     "search": "Search",
@@ -73,7 +80,8 @@ def render() -> str:
                     f"- paper: {c.reference}", f"- kind: `{c.kind}`"
                     + (" — needs a draft model" if c.needs_draft else "")
                     + (" — lossless (output distribution equals the target's)" if c.lossless else ""),
-                    f"- shows: {SHOWS.get(c.step_kind, c.step_kind)}{FAMILY_SHOWS.get(c.family, '')}", ""]
+                    f"- shows: {SHOWS.get(c.step_kind, c.step_kind)}{FAMILY_SHOWS.get(c.family, '')}"
+                    + "".join(v for k, v in KNOB_SHOWS.items() if k in spec["params"]), ""]
             if doc:
                 out += [doc, ""]
             if spec["params"]:
