@@ -150,7 +150,11 @@ def test_sampled_regex_on_bundled_model_over_seeds():
         assert pyregex.fullmatch(pattern, text), (seed, text)
 
 
-@pytest.mark.parametrize("decoder", ["prompt_lookup", "jacobi", "lookahead", "speculative"])
+SPECULATIVE = ["speculative", "spec_tree", "prompt_lookup", "ngram_adaptive", "token_recycling", "jacobi",
+               "lookahead", "layer_skip", "mask_probe"]
+
+
+@pytest.mark.parametrize("decoder", SPECULATIVE)
 def test_constrained_speculative_equals_constrained_greedy(llama_handle, decoder):
     prompt = "ROMEO: But soft, what light"
     ref = run(llama_handle, "greedy", prompt, 14, regex=WORDS).output_ids
@@ -201,7 +205,7 @@ def test_unsatisfiable_constraint_is_one_line_not_a_hang(llama_handle, pattern):
 
 def test_constraint_knobs_exist_where_promised():
     for name in ["greedy", "sample", "top_k", "top_p", "min_p", "typical", "epsilon", "eta", "xtc",
-                 "mirostat", "speculative", "spec_tree", "prompt_lookup", "jacobi", "lookahead"]:
+                 "mirostat", "beam", *SPECULATIVE]:
         params = get_decoder(name).params
         assert {"regex", "json_schema", "grammar"} <= set(params), name
 
