@@ -1,7 +1,8 @@
-"""``playground sessions ...``: list, show, tree, export, import, rename and delete stored sessions.
+"""``playground sessions ...``: list, show, tree, branch, export, import, rename and delete stored sessions.
 
 Branches (sessions continued from a forced token of another) are listed with where they left
-their parent; ``tree ID`` draws the branch tree a session belongs to.
+their parent; ``tree ID`` draws the branch tree a session belongs to; ``branch ID --lane N
+--step S --token T`` runs a new branch (``playground/branching.py``).
 
 The database is ``--db PATH``, else the store's default (``$PLAYGROUND_DB``,
 ``/data/playground.db``, ``./playground.db``). Read-only commands never create a database.
@@ -51,7 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr = sub.add_parser("tree", help="the branch tree a session belongs to, from its root")
     tr.add_argument("id")
     tr.add_argument("--json", action="store_true", help="print the tree as nested JSON")
-    for p in (ls, sh, ex, im, rn, rm, tr):
+    br = sub.add_parser("branch", help="replace one token of a lane and run on: a branch of the session (needs the model)")
+    br.add_argument("id")
+    br.add_argument("--lane", type=int, required=True, help="the lane, numbered from 1 as on the page")
+    at = br.add_mutually_exclusive_group(required=True)
+    at.add_argument("--step", type=int, help="the step whose token to replace")
+    at.add_argument("--position", type=int, help="the output position (from 0) whose token to replace")
+    br.add_argument("--token", type=int, required=True, help="the replacement token id")
+    br.add_argument("--all", action="store_true", help="continue every lane from the edited prefix")
+    br.add_argument("--json", action="store_true", help='print {"id": ...}')
+    for p in (ls, sh, ex, im, rn, rm, tr, br):
         _add_db(p, top=False)
 
 
@@ -98,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     """Run a ``sessions`` subcommand; user errors raise :class:`PlaygroundError`."""
     cmd = getattr(args, "sessions_command", None)
     if cmd is None:
-        raise PlaygroundError("sessions needs a command: list, show, tree, export, import, rename or delete")
+        raise PlaygroundError("sessions needs a command: list, show, tree, branch, export, import, rename or delete")
     store = _open(args, create=cmd == "import")
     try:
         return _COMMANDS[cmd](store, args)
@@ -143,6 +153,17 @@ def _tree(store: Any, args: argparse.Namespace) -> int:
 
     print(f"{tree['id']}  {tree['title']}  ({','.join(tree['decoders'])})")
     show(tree, "")
+    return 0
+
+
+def _branch(store: Any, args: argparse.Namespace) -> int:
+    from playground.branching import branch_session
+
+    if store is None:
+        raise _missing(args.id)
+    sid = branch_session(store, args.id, lane=args.lane - 1, token=args.token, step=args.step,
+                         position=args.position, lanes="all" if args.all else "one")
+    print(json.dumps({"id": sid}) if args.json else sid)
     return 0
 
 
@@ -208,4 +229,4 @@ def _delete(store: Any, args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"list": _list, "show": _show, "export": _export, "import": _import,
-             "rename": _rename, "delete": _delete, "tree": _tree}
+             "rename": _rename, "delete": _delete, "tree": _tree, "branch": _branch}

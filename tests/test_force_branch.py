@@ -128,3 +128,20 @@ def test_bad_branch_requests_are_one_line_errors(lanes, kw, msg):
     session = {"runs": lanes[:2], "settings": {}}
     with pytest.raises(PlaygroundError, match=msg):
         branch_requests(session, **kw)
+
+
+def test_sessions_cli_branch(lanes, tmp_path: Path, capsys):
+    from playground.cli import main
+
+    db = tmp_path / "s.db"
+    with Store(db) as store:
+        sid = _save(store, lanes[:2])
+    token = 100 if lanes[0]["output_ids"][2] != 100 else 101
+    assert main(["sessions", "--db", str(db), "branch", sid, "--lane", "1", "--position", "2",
+                 "--token", str(token), "--json"]) == 0
+    bid = json.loads(capsys.readouterr().out)["id"]
+    with Store(db) as store:
+        b = store.load_session(bid)
+    assert b["parent"] == sid and b["runs"][0]["output_ids"][2] == token
+    assert main(["sessions", "--db", str(db), "branch", sid, "--lane", "9", "--step", "1", "--token", "3"]) == 2
+    assert "no lane 9" in capsys.readouterr().err
