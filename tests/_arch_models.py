@@ -152,7 +152,8 @@ LABELS = {
 KIND_OF = {a: ("windowed" if a in WINDOWED else "recurrent" if a in RECURRENT else "full") for a in CAUSAL}
 # decoders that copy the cache once per hypothesis (``batch_repeat_interleave``): transformers
 # 5.24's recurrent cache layers have no such copy, and these decoders do not refuse yet
-BATCHED = ("arithmetic", "beam", "best_of_n", "contrastive_search", "diverse_beam", "mbr", "smc", "uid_beam")
+BATCHED = ("arithmetic", "beam", "best_of_n", "constrained_beam", "contrastive_search", "diverse_beam", "mbr", "smc",
+           "uid_beam")
 EXACT_VS_GENERATE = ("greedy", "beam")
 
 
@@ -188,6 +189,12 @@ def support_table() -> str:
              "", "| decoder | family | full attention | sliding window / hybrid | recurrent state |", "|---|---|---|---|---|"]
     mark = {"exact": "exact", "runs": "yes", "refused": "refused", "crashes": "**crashes**"}
     notes: dict[str, int] = {}
+    for cls in all_decoders():  # number the notes in a fixed order, so new decoders do not renumber them
+        for k in kinds:
+            why = expected(cls, k)[1]
+            if why:
+                notes.setdefault(why, 0)
+    notes = {why: i + 1 for i, why in enumerate(sorted(notes))}
     for cls in all_decoders():
         if cls.kind != "causal":
             continue
@@ -196,12 +203,11 @@ def support_table() -> str:
             status, why = expected(cls, k)
             cell = mark[status]
             if why:
-                n = notes.setdefault(why, len(notes) + 1)
-                cell += f" ({n})"
+                cell += f" ({notes[why]})"
             cells.append(cell)
         lines.append(f"| `{cls.name}` | {cls.family} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines += [f"({n}) {why}." for why, n in notes.items()]
+    lines += [f"({n}) {why}." for why, n in notes.items() if any(f"({n})" in line for line in lines)]
     masked = ", ".join(LABELS[a] for a in MASKED)
     diff = ", ".join(f"`{c.name}`" for c in all_decoders() if c.kind == "diffusion")
     lines += ["", f"Diffusion decoders ({diff}) run on every masked LM of the matrix: {masked}."]

@@ -22,7 +22,7 @@ from _arch_models import (BEGIN, CAUSAL, KIND_OF, MASKED, RECURRENT, WINDOW, WIN
                           doc_section, expected, support_table)
 from decoders._cache import MaskMap, cache_info, fit_tree_mask
 from decoders.base import all_decoders, get_decoder
-from decoders.speculative._verify import tree_inputs
+from decoders.speculative._verify import SpecDecoder, tree_inputs
 from playground.engine import prepare
 from playground.errors import PlaygroundError
 from playground.models import handle_from_model
@@ -32,12 +32,12 @@ PROMPT = "ROMEO: But soft, what light through yonder window breaks?\n\nJULIET: O
 MORE_PROMPTS = ["ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab",  # repetitive: long lookup drafts
                 "MACBETH: Tomorrow, and tomorrow, and tomorrow, creeps in this petty pace"]
 N = 12
-LOSSLESS = sorted(c.name for c in all_decoders() if c.family == "speculative" and c.lossless)
+LOSSLESS = sorted(c.name for c in all_decoders() if issubclass(c, SpecDecoder) and c.lossless)
 GREEDY_ONLY = {c.name for c in all_decoders() if getattr(c, "greedy_only", False)}
 SAMPLED = ("greedy", "cad", "fsd", "speculative", "spec_tree", "prompt_lookup")  # not all are lossless
 REPRESENTATIVE = ("llama", "gemma2", "mamba")  # one architecture per cache kind, for the fast test
 
-_MODELS: dict[tuple, object] = {}
+_MODELS: dict[str, object] = {}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +54,19 @@ def models(tokenizer):
     return get
 
 
+def _masked_draft(tokenizer):
+    """The draft of decoders that draft with a masked-diffusion LM (one for every target)."""
+    if "masked-draft" not in _MODELS:
+        _MODELS["masked-draft"] = handle_from_model(build_masked("bert", tokenizer), tokenizer, name="tiny-bert-draft")
+    return _MODELS["masked-draft"]
+
+
 def run(target, decoder, prompt=PROMPT, n=N, draft=None, **params):
     cls = get_decoder(decoder)
-    if cls.family == "speculative" and decoder not in GREEDY_ONLY:
+    if issubclass(cls, SpecDecoder) and decoder not in GREEDY_ONLY and "temperature" in cls.params:
         params.setdefault("temperature", 0.0)
+    if getattr(cls, "draft_kind", "causal") == "diffusion":
+        draft = _masked_draft(target.tokenizer)
     r = prepare(model=target, decoder=decoder, prompt=prompt, max_new_tokens=n,
                 draft=draft if cls.needs_draft else None, params=params)
     r.ctx.stop_ids = set()  # random models: compare full lengths
@@ -178,9 +187,13 @@ def test_tree_mask_is_windowed_per_layer_type(models):
 
 
 # ---------------------------------------------------------------------- every other decoder
+# knobs a decoder cannot run without (a new decoder with such a knob gets its line here)
+REQUIRED_KNOBS = {"constrained_beam": {"force_words": "Romeo"}}
+
+
 def _runs_or_refuses(target, draft, cls, arch):
     status, _why = expected(cls, KIND_OF[arch])
-    params = {"temperature": 0.0} if cls.name in ("speculative", "spec_tree") else {}
+    params = dict(REQUIRED_KNOBS.get(cls.name, {}))
     if status == "crashes":
         try:
             run(target, cls.name, n=6, draft=draft, **params)
