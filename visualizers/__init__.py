@@ -21,6 +21,7 @@ from visualizers.compare import divergence_html, progress_figure
 from visualizers.contrast import candidates_html, contrast_figure, contrast_run_figure, dola_figure, dola_run_figure
 from visualizers.dist import distribution_figure, timeline_figure
 from visualizers.divergence import divergence_figure
+from visualizers.forced import forced_figure
 from visualizers.guided import constraint_figure, constraint_run_figure
 from visualizers.jacobi import jacobi_grid_figure
 from visualizers.lens import lens_figure, lens_run_figure
@@ -72,6 +73,7 @@ RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figu
     "lens": [("Logit lens over the run", lens_run_figure)],
     "watermark": [("Watermark z-score", watermark_z_figure)],
     "smc": [("Effective sample size", ess_figure)],
+    "forced": [("Forced tokens", forced_figure)],
     "constraint": [("Constraint over the run", constraint_run_figure)],
 }
 
@@ -148,7 +150,7 @@ def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
 
 
 __all__ = [
-    "STEP_PLOTS", "RUN_PLOTS", "COMPARE_PLOTS", "divergence_figure", "step_count", "step_figures", "run_figures",
+    "STEP_PLOTS", "RUN_PLOTS", "COMPARE_PLOTS", "divergence_figure", "forced_figure", "step_count", "step_figures", "run_figures",
     "tokens_html", "legend_html", "stats_line",
     "distribution_figure", "timeline_figure",
     "draft_tree_figure", "accepted_length_histogram", "acceptance_timeline",
