@@ -145,3 +145,23 @@ def test_sessions_cli_branch(lanes, tmp_path: Path, capsys):
     assert b["parent"] == sid and b["runs"][0]["output_ids"][2] == token
     assert main(["sessions", "--db", str(db), "branch", sid, "--lane", "9", "--step", "1", "--token", "3"]) == 2
     assert "no lane 9" in capsys.readouterr().err
+
+
+def test_a_replayed_branch_shows_its_forced_tokens():
+    from visualizers import run_figures
+    from visualizers.forced import forced_figure
+
+    parent = playground.generate(decoder="greedy", **BASE)
+    picked = parent["output_ids"][4]
+    branch = json.loads(json.dumps(playground.generate(decoder="greedy", force=[[4, 100]], **BASE)))
+    titles = [t for t, _ in run_figures(branch)]
+    assert "Forced tokens" in titles
+    fig = forced_figure(branch)
+    bars = {t.name: t for t in fig.data}
+    assert list(bars["forced token"].x) == ["4"] and list(bars["decoder's pick"].x) == ["4"]
+    # greedy picked the most probable token: the forced one is less probable (or absent from the top-K)
+    dist = parent["steps"][4]["dist"]
+    assert bars["decoder's pick"].y[0] == dist["raw_probs"][dist["top_ids"].index(picked)]
+    assert bars["forced token"].y[0] is None or bars["forced token"].y[0] <= bars["decoder's pick"].y[0]
+    assert "Forced tokens" not in [t for t, _ in run_figures(parent)]
+    assert forced_figure(parent).layout.annotations[0].text == "no forced token in this run"
