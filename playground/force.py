@@ -61,7 +61,7 @@ def force_mode(decoder_cls: Any) -> str:
     else:
         mode = _MODE_BY_FAMILY.get(family)
     if mode not in ("loop", "view"):
-        why = _REFUSED.get(name) or _REFUSED.get(family) or "it has no left-to-right token loop to force"
+        why = _REFUSED.get(name) or _REFUSED.get(family) or "it does not declare how to honour them (force_mode)"
         raise PlaygroundError(f"decoder {name!r} cannot take forced tokens: {why}")
     return mode
 

@@ -140,3 +140,29 @@ def test_a_forced_trace_replays_without_a_model():
     bad = dict(branch, force=[[POS, "x"]])
     with pytest.raises(ValueError, match="force"):
         Trace.from_dict(bad)
+
+
+def test_every_decoder_honours_a_force_or_refuses_in_one_line():
+    from decoders import all_decoders
+
+    honoured, refused = [], []
+    for cls in all_decoders():
+        model = "tiny-shakespeare-diffusion" if cls.kind == "diffusion" else MODEL
+        kw = {"draft": DRAFT} if cls.needs_draft else {}
+        try:
+            # (cad needs a blank line between context and question)
+            trace = playground.generate(model=model, decoder=cls.name, prompt="Of Rome.\n\nROMEO:",
+                                        max_new_tokens=6, seed=0, force=[[2, 100]], **kw)
+        except PlaygroundError as e:
+            assert "\n" not in str(e) and "cannot take forced tokens" in str(e), (cls.name, str(e))
+            refused.append(cls.name)
+            continue
+        out = trace["output_ids"]
+        assert len(out) <= 2 or out[2] == 100, cls.name  # a run may stop (eos) before the position
+        assert trace["force"] == [[2, 100]]
+        honoured.append(cls.name)
+    # the autoregressive families at least
+    for name in ("greedy", "sample", "top_p", "mirostat", "beam", "best_of_n", "speculative", "spec_tree",
+                 "prompt_lookup", "jacobi", "lookahead", "cfg", "dola", "fsd"):
+        assert name in honoured
+    assert "llada" in refused
