@@ -454,6 +454,13 @@ class SpecDecoder(Decoder):
             return torch.softmax(logits.float(), -1)
         return self.target_probs(ctx, logits, extra)
 
+    def draft_constraint(self) -> Any:
+        """A copy of the run's constraint row to draft under (None without a constraint): mask
+        the draft's logits with ``row.apply(logits)[0]`` and ``row.advance(x)`` each drafted
+        token. q is the draft's own choice, so verification stays exact; drafts the constraint
+        would reject are simply not proposed."""
+        return self.crow.clone() if self.crow is not None else None
+
     def next_uniform(self, ctx: Context, stream: str) -> float:
         """A fresh common random number of ``stream`` (indexed by a per-run counter)."""
         self._counters[stream] = self._counters.get(stream, 0) + 1

@@ -9,7 +9,7 @@ import torch
 
 from decoders.ar import sample_index
 from decoders.base import Context, Float, Int, PlaygroundError, register
-from decoders._cache import CacheInfo, cache_info, check_rollback, crop_layers, masks_by_type, rollback_cache
+from decoders._cache import CacheInfo, check_rollback, crop_layers, masks_by_type, rollback_cache
 from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
                                           draw_without_replacement, rule_params, sampling_params)
 
@@ -52,9 +52,10 @@ def check_draft(decoder: str, ctx: Context) -> CacheInfo:
 class DraftState:
     """A draft model's KV cache and the ids it holds; catches up on newly committed tokens."""
 
-    def __init__(self, view: Any, info: CacheInfo | None = None) -> None:
+    def __init__(self, view: Any, info: CacheInfo | None = None, decoder: str = "") -> None:
         self.view = view
-        self.info = info or cache_info(view)
+        # a state that cannot be cut back would keep rejected tokens silently: refuse it
+        self.info = info or check_rollback(decoder or "a draft-and-verify decoder", view)
         self.cache = rollback_cache(view, self.info)
         self.ids: list[int] = []
         emb = view.model.get_input_embeddings() if hasattr(view.model, "get_input_embeddings") else None
@@ -130,8 +131,11 @@ class Speculative(SpecDecoder):
         V = ctx.target.vocab_size
         logits = self.d.catch_up(self.committed_ids)
         parent, drafted, conf = ROOT, [], 1.0
+        row = self.draft_constraint()
         for i in range(gamma):
             logits = fit_logits(logits.float(), V)
+            if row is not None:
+                logits = row.apply(logits)[0]  # draft only what the constraint allows
             q = self.chain.probs(logits, self.history(ctx, drafted))
             qr = torch.softmax(logits, -1) if self.greedy else q
             x = sample_index(q, self.next_uniform(ctx, "draft"))
@@ -139,7 +143,9 @@ class Speculative(SpecDecoder):
             parent = tree.add(x, parent, float(qr[x]), "draft-model")
             drafted.append(x)
             conf *= float(qr[x])
-            if 1.0 - conf > h or i + 1 == gamma:
+            if row is not None:
+                row.advance(x)
+            if 1.0 - conf > h or i + 1 == gamma or (row is not None and row.done):
                 break
             logits = self.d.feed([x])[-1]
         return tree
