@@ -12,6 +12,17 @@ the constraint removed (under the biased distribution) and the top allowed and b
 EOS is allowed only where the grammar accepts; once the grammar can take no further token the
 row is ``done`` and the decoder ends the run (finish reason ``constraint``).
 
+Knob syntax. ``regex``: Rust regex syntax, matched against the whole output (``[A-Z][a-z]+\.``).
+``json_schema``: a JSON Schema as text; compact JSON (no free whitespace) unless the schema's
+``"x-guidance"`` says otherwise. ``grammar``: llguidance's Lark dialect, e.g.::
+
+    start: "ROMEO: " NAME "!"
+    NAME: /[a-z]+/
+
+(rules in lower case, terminals in upper case, ``"literals"``, ``/regex/`` terminals, ``%json{...}``
+to embed a JSON Schema; see https://github.com/guidance-ai/llguidance/blob/main/docs/syntax.md).
+``logit_bias``: ``{"token id or one-token text": bias}``; ``bad_words``: a JSON list or comma list.
+
 llguidance was chosen over xgrammar and outlines-core (see the pyproject commit): a CPU wheel
 with no torch pin, regex, JSON Schema and Lark-style grammars in one engine, masks straight from
 a Hugging Face fast tokenizer and matcher state that rolls back token by token.
