@@ -105,11 +105,15 @@ def check_rollback(decoder: str, view: Any, role: str = "model") -> CacheInfo:
 def rollback_cache(view: Any, info: CacheInfo | None = None) -> Any:
     """An empty cache that can be cut back to any length for this model (see the module doc)."""
     info = info or cache_info(view)
+    cache = view.new_cache()
     if info.kind == "windowed":
-        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-        return DynamicCache()  # every layer a full DynamicLayer: nothing falls out of the window
-    return view.new_cache()
+        # a full layer in place of each windowed one: nothing falls out of the window, and
+        # the other layers (shared-KV placeholders, say) stay as the model's config made them
+        cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
+                        for layer in cache.layers]
+    return cache
 
 
 class MaskMap(dict):

@@ -155,6 +155,8 @@ KIND_OF = {a: ("windowed" if a in WINDOWED else "recurrent" if a in RECURRENT el
 BATCHED = ("arithmetic", "beam", "best_of_n", "constrained_beam", "contrastive_search", "diverse_beam", "mbr", "smc",
            "uid_beam")
 EXACT_VS_GENERATE = ("greedy", "beam")
+# decoders outside the speculative family that keep their models in a rolling-back DraftState
+DRAFT_STATE = ("ead", "spec_cascade")
 
 
 def expected(decoder: Any, kind: str) -> tuple[str, str]:
@@ -163,7 +165,7 @@ def expected(decoder: Any, kind: str) -> tuple[str, str]:
     from decoders.speculative._verify import SpecDecoder
 
     spec = issubclass(decoder, SpecDecoder)
-    if kind == "recurrent" and spec:
+    if kind == "recurrent" and (spec or decoder.name in DRAFT_STATE):
         return "refused", "a rejected draft must be cut back out of the state; Mamba's recurrent state cannot be"
     if kind == "recurrent" and decoder.name in BATCHED:
         return "crashes", ("copies the cache per hypothesis with `batch_repeat_interleave`, which transformers' "
