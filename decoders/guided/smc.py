@@ -267,7 +267,8 @@ class SMC(Decoder):
             w = normalise([q.log_w for q in parts])
             e = ess(w)
             alive_next = any(not q.finished for q in parts)
-            do_resample = n > 1 and alive_next and e < float(p["ess_threshold"]) * n
+            # uniform weights give ESS = N only up to rounding: they must not count as degenerate
+            do_resample = n > 1 and alive_next and e < float(p["ess_threshold"]) * n * (1 - 1e-9)
             ancestors: list[int] | None = None
             if do_resample:
                 u = ctx.uniforms(t, n, "smc/resample")
