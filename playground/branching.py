@@ -3,7 +3,8 @@
 :func:`branch_session` takes a stored session, a lane, the step (or output position) whose
 token to replace and the replacement token id, re-runs that lane — or every lane, from the same
 edited prefix — with forced tokens (``playground/force.py``) and stores the result as a branch
-of the session (``playground/store.py``). The page, the CLI and the API share it.
+of the session (``playground/store.py``); a one-lane branch keeps the parent's lane beside it,
+so any replay shows where the two part. The page, the CLI and the API share it.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def branch_requests(session: dict[str, Any], lane: int, token: int, step: int | 
 
 def branch_session(store: Any, sid: str, lane: int, token: int, step: int | None = None,
                    position: int | None = None, lanes: str = "one", title: str | None = None) -> str:
-    """Run a branch of stored session ``sid`` and store it; return the branch's session id."""
+    """Run a branch of stored session ``sid`` and store it; return the branch's session id.
+
+    A one-lane branch is stored beside its parent: its runs are the parent's lane (unchanged)
+    and the branched lane. A branch of every lane holds the branched lanes in lane order."""
     from playground.engine import prepare
 
     session = store.load_session(sid)
@@ -95,5 +99,12 @@ def branch_session(store: Any, sid: str, lane: int, token: int, step: int | None
     shown = f" {record['text']!r}" if "text" in record else f" #{token}"
     name = title or f"{session['title'][:120]} / lane {lane + 1} step {record['step']} →{shown}"
     settings = dict(session.get("settings") or {})
+    if lanes == "one":
+        # the branch beside its parent: the parent's lane (unchanged), then the branched one, so
+        # every replay (share link, Sessions view) shows where they part
+        traces = [session["runs"][lane], *traces]
+        configs = settings.get("lanes")
+        if isinstance(configs, list) and len(configs) == len(session["runs"]):
+            settings["lanes"] = [configs[lane], configs[lane]]
     return store.save_session(name, session["model"], session["prompt"], settings, traces,
                               parent=sid, branch=record)

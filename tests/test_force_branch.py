@@ -83,14 +83,16 @@ def test_branch_one_lane_stores_a_branch_that_replays_and_travels(lanes, tmp_pat
     b = store.load_session(bid)
     assert b["parent"] == sid and b["branch"]["lane"] == 0 and b["branch"]["step"] == step
     assert b["branch"]["position"] == pos and b["branch"]["token"] == token and b["branch"]["lanes"] == "one"
-    [run] = b["runs"]
+    # stored beside its parent: the parent's lane unchanged, then the branch
+    kept, run = b["runs"]
+    assert kept == parent
     assert run["output_ids"][:pos] == parent["output_ids"][:pos] and run["output_ids"][pos] == token
     assert run["force"] == [[pos, token]] and run["steps"][step]["forced"][0]["picked"] == parent["output_ids"][pos]
     # the divergence between the parent lane and its branch: 0 up to the forced token
     rows = lane_divergence(parent, run)
     assert [r["position"] for r in rows] == list(range(pos + 1)) and all(r["js"] == 0 for r in rows)
     # a branch of the branch keeps the earlier forced token
-    reqs, _ = branch_requests(b, lane=0, token=7, position=pos + 3)
+    reqs, _ = branch_requests(b, lane=1, token=7, position=pos + 3)
     assert reqs[0]["force"] == [[pos, token], [pos + 3, 7]]
     # export / import into a fresh database, then replay with no model: the tree and traces survive
     exported = json.dumps(store.export_session(sid))
@@ -100,7 +102,7 @@ def test_branch_one_lane_stores_a_branch_that_replays_and_travels(lanes, tmp_pat
     [kid] = tree["branches"]
     replayed = other.load_session(kid["id"])
     assert replayed["runs"] == b["runs"] and replayed["branch"] == b["branch"]
-    fig = divergence_figure([other.load_session(root)["runs"][0], replayed["runs"][0]])
+    fig = divergence_figure(replayed["runs"])
     assert any(t.name == "forced token" for t in fig.data)
 
 
@@ -142,7 +144,7 @@ def test_sessions_cli_branch(lanes, tmp_path: Path, capsys):
     bid = json.loads(capsys.readouterr().out)["id"]
     with Store(db) as store:
         b = store.load_session(bid)
-    assert b["parent"] == sid and b["runs"][0]["output_ids"][2] == token
+    assert b["parent"] == sid and b["runs"][1]["output_ids"][2] == token
     assert main(["sessions", "--db", str(db), "branch", sid, "--lane", "9", "--step", "1", "--token", "3"]) == 2
     assert "no lane 9" in capsys.readouterr().err
 
