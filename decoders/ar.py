@@ -222,6 +222,9 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
     stage = constraint_stage(ctx)
     row = stage.row() if stage else None
     logits = state.prefill(stage.heal(ctx.prompt_ids) if stage else ctx.prompt_ids, **kw)
+    if stage is not None and stage.heal_text:
+        # the output starts by re-spelling the prompt's last token: say so, the page shows both
+        decoder.extra_stats["token_healing"] = {"prompt_token": int(ctx.prompt_ids[-1]), "text": stage.heal_text}
     out: list[int] = []
     for pos in range(ctx.max_new_tokens):
         ctx.check_cancel()

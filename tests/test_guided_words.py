@@ -94,6 +94,7 @@ def test_token_healing_extends_the_last_prompt_token(llama_handle):
                    if t not in special and tok.decode([t]).startswith(last))
     assert tr.steps[0].evidence["constraint"]["allowed"] == expected
     assert "constraint" not in tr.steps[1].evidence or tr.steps[1].evidence["constraint"]["allowed"] == llama_handle.vocab_size
+    assert tr.stats["token_healing"] == {"prompt_token": ids[-1], "text": last}
     # the prompt minus its last token, then the output, re-spells the whole prompt
     assert tok.decode(ids[:-1] + tr.output_ids).startswith(prompt)
 
