@@ -108,3 +108,44 @@ def branch_session(store: Any, sid: str, lane: int, token: int, step: int | None
             settings["lanes"] = [configs[lane], configs[lane]]
     return store.save_session(name, session["model"], session["prompt"], settings, traces,
                               parent=sid, branch=record)
+
+
+# ---------------------------------------------------------------------- for the page's inspector
+def token_choices(trace: dict[str, Any], step: int) -> list[tuple[str, int]]:
+    """The replacement tokens the inspector offers at a step: its recorded top-K (the model's
+    raw distribution), as ``("'text'  p=0.123", token_id)``, the committed token left out."""
+    steps = trace.get("steps") or []
+    if not 0 <= step < len(steps):
+        return []
+    s = steps[step]
+    dist = s.get("dist") or s.get("correction_dist")
+    if not isinstance(dist, dict):
+        return []
+    committed = set(s.get("committed") or [])
+    tokens = trace.get("tokens") or {}
+    out = []
+    for tid, p in zip(dist.get("top_ids") or [], dist.get("raw_probs") or []):
+        if tid in committed:
+            continue
+        out.append((f"{tokens.get(str(tid), '#' + str(tid))!r}  p={float(p):.3g}", int(tid)))
+    return out
+
+
+def resolve_token(value: Any, tokenizer: Any = None) -> int:
+    """A replacement token from the inspector: a token id (int, or digits), or typed text that
+    the lane's tokenizer encodes to exactly one token."""
+    if isinstance(value, bool):
+        raise PlaygroundError("pick a token to put in its place")
+    if isinstance(value, int):
+        return value
+    text = "" if value is None else str(value)
+    if text.strip().isdigit():
+        return int(text.strip())
+    if not text:
+        raise PlaygroundError("pick a token from the list or type text that is one token")
+    if tokenizer is None:
+        raise PlaygroundError("typed text needs the lane's tokenizer")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise PlaygroundError(f"{text!r} is {len(ids)} tokens for this model; type text that is exactly one token")
+    return int(ids[0])

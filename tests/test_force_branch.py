@@ -167,3 +167,22 @@ def test_a_replayed_branch_shows_its_forced_tokens():
     assert bars["forced token"].y[0] is None or bars["forced token"].y[0] <= bars["decoder's pick"].y[0]
     assert "Forced tokens" not in [t for t, _ in run_figures(parent)]
     assert forced_figure(parent).layout.annotations[0].text == "no forced token in this run"
+
+
+def test_inspector_helpers_offer_the_steps_top_k_and_take_one_token_of_text(lanes):
+    from playground.branching import resolve_token, token_choices
+    from playground.models import load_model
+
+    greedy = lanes[0]
+    choices = token_choices(greedy, 3)
+    dist = greedy["steps"][3]["dist"]
+    assert [t for _, t in choices] == [t for t in dist["top_ids"] if t != greedy["output_ids"][3]]
+    assert token_choices(greedy, 999) == []
+    tok = load_model(MODEL).tokenizer
+    one = tok.convert_ids_to_tokens(200)
+    text = tok.convert_tokens_to_string([one])
+    assert resolve_token(text, tok) == 200 and resolve_token(17) == 17 and resolve_token(" 42 ") == 42
+    with pytest.raises(PlaygroundError, match="exactly one token"):
+        resolve_token("wherefore art thou", tok)
+    with pytest.raises(PlaygroundError, match="pick a token"):
+        resolve_token("", tok)
