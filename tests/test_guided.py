@@ -225,3 +225,42 @@ def test_beam_under_regex(llama_handle):
             if b["score"] > -1e8:
                 assert pyregex.fullmatch(WORDS, gen, partial=True), gen
     assert all("constraint" in s.evidence for s in tr.steps)
+
+
+@pytest.mark.parametrize("coupling", ["gumbel", "inverse_cdf"])
+def test_constrained_sampling_draws_the_renormalised_allowed_law(llama_handle, coupling):
+    """The first token of ``sample`` under a regex, over 3000 seeds, follows softmax(logits / T)
+    restricted to the brute-force allowed set and renormalised (chi-square, 1e-4 tail)."""
+    import dataclasses
+    import math
+
+    from decoders.ar import constraint_stage
+    from decoders.processors import build_chain
+    from decoders.sampling import chain_picker
+
+    pattern = r"[a-z ]{1,8}"
+    params = {"regex": pattern, "temperature": 3.0, "coupling": coupling}
+    base = prepare(model=llama_handle, decoder="sample", prompt="ROMEO:", max_new_tokens=1, params=params)
+    logits = llama_handle.forward(base.ctx.prompt_ids).logits[0, -1].float()
+    masked, _ = constraint_stage(base.ctx).row().apply(logits)
+    allowed = sorted(_brute_allowed(llama_handle, pattern, [], llama_handle.eos_ids))
+    law = torch.zeros_like(logits)
+    law[allowed] = torch.softmax(logits[allowed] / 3.0, -1)
+    knobs = base.decoder.chain_knobs(base.ctx.params)
+    n, toks = 3000, []
+    for seed in range(n):
+        pick = chain_picker(dataclasses.replace(base.ctx, seed=seed), build_chain(knobs), [[]])
+        final, tok = pick(masked, 0, [])
+        toks.append(tok)
+    torch.testing.assert_close(final, law, atol=1e-5, rtol=1e-4)
+    counts = torch.bincount(torch.tensor(toks), minlength=law.numel()).double()
+    assert counts[law == 0].sum() == 0
+    expected = law.double() * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    stat, dof = float((((obs - exp) ** 2)[keep] / exp[keep]).sum()), int(keep.sum()) - 1
+    assert dof >= 5
+    a = 2.0 / (9.0 * dof)
+    assert stat < dof * (1 - a + 3.719 * math.sqrt(a)) ** 3, (stat, dof)
