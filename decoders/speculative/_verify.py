@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from decoders._cache import (CacheInfo, cache_len, check_rollback, crop_layers, fit_tree_mask, rollback_cache,
+from decoders._cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask, rollback_cache,
                              select_cache)
 from decoders.ar import constraint_stage, dist_evidence, sample_index
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
