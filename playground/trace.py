@@ -4,6 +4,11 @@ A decoder yields :class:`Step` objects carrying the tokens they committed and th
 of their kind (``dist``, ``tree``, ``canvas`` ...). :class:`TraceRecorder` stamps each step
 with its index, time and the *measured* forward counts of the model views, and builds the
 final :class:`Trace` with its stats. See ARCHITECTURE.md, "Traces", for the field list.
+
+A run with forced tokens (a branch, ``playground/force.py``) keeps them as ``force``
+(``[[position, token_id], ...]``, positions in generated tokens from 0), and each step that
+committed one says so in ``forced`` (``[{"position", "token"}]``, plus ``picked``, the token
+the decoder's own rule chose, where the decoder records it), so a replay shows the edits.
 """
 
 from __future__ import annotations
