@@ -264,3 +264,11 @@ def test_constrained_sampling_draws_the_renormalised_allowed_law(llama_handle, c
     assert dof >= 5
     a = 2.0 / (9.0 * dof)
     assert stat < dof * (1 - a + 3.719 * math.sqrt(a)) ** 3, (stat, dof)
+
+
+def test_forced_token_outside_the_constraint_is_one_line(llama_handle):
+    r = prepare(model=llama_handle, decoder="greedy", prompt="ROMEO:", max_new_tokens=4, params={"regex": "[a-z]+"})
+    r.ctx.force = {0: llama_handle.tokenizer.encode("#", add_special_tokens=False)[0]}
+    with pytest.raises(PlaygroundError) as e:
+        r.finish()
+    assert "is not allowed by the regex constraint" in str(e.value) and len(str(e.value)) < 160

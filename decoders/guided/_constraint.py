@@ -306,8 +306,11 @@ class Row:
         token = int(token)
         if self.matcher is not None:
             if not self.matcher.consume_token(token):
-                raise PlaygroundError(f"token {token} at output position {len(self.ids)} breaks the "
-                                      f"{self.stage.knob} constraint: {_one_line(self.matcher.get_error())}")
+                from decoders.ar import view_token
+
+                # llguidance's own message is a parser dump: name the token instead
+                raise PlaygroundError(f"token {token} ({view_token(self.stage.view, token)!r}) at output position "
+                                      f"{len(self.ids)} is not allowed by the {self.stage.knob} constraint")
         self.ids.append(token)
 
     def rollback(self, n: int) -> None:
