@@ -357,11 +357,21 @@ def run(args: argparse.Namespace) -> int:
         raise PlaygroundError("study needs --preset NAME or --lanes")
     where = ranks()
     if not args.report:
-        _run_study(args, where)
+        failed: Exception | None = None
+        try:
+            _run_study(args, where)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks are released
+            if where.world == 1:
+                raise
+            # a rank that fails still reaches the barrier, so the others do not wait on it forever;
+            # what every rank stored is merged, and a re-run resumes the rest
+            failed = e
         where.barrier()
         if where.world > 1 and where.rank == 0:
             merge(args.out, where.world)
         where.barrier()
+        if failed is not None:
+            raise failed
     if where.rank != 0:
         return 0
     if args.report and not os.path.exists(args.out):
