@@ -45,16 +45,15 @@ def scene_openings(count: int = COUNT) -> list[dict[str, Any]]:
 
     spec = json.loads((CORPUS_DIR / "split.json").read_text())
     _, val = load_corpus()
-    found: list[tuple[int, dict[str, Any]]] = []
-    for rank, pattern in enumerate((_HEADING, _REENTRY, _AFTER_EXIT)):
+    found: list[dict[str, Any]] = []
+    for pattern in (_HEADING, _REENTRY, _AFTER_EXIT):  # each kind after the one before
         for w, text in zip(spec["works"], val):
             for m in pattern.finditer(text):
-                start = m.start() if pattern is _HEADING else m.end()
-                prompt = _opening(text, start)
+                prompt = _opening(text, m.start() if pattern is _HEADING else m.end())
                 if prompt:
-                    found.append((rank, {"work": w["title"], "prompt": prompt, "at": start}))
+                    found.append({"work": w["title"], "prompt": prompt})
     out = []
-    for j, (_, rec) in enumerate(found[:count]):
+    for j, rec in enumerate(found[:count]):
         out.append({"id": f"{j + 1:02d}-{_slug(rec['work'])}", "work": rec["work"], "prompt": rec["prompt"]})
     return out
 
