@@ -119,6 +119,9 @@ class PageLayout:
             self.stop_btn = gr.Button("■ Stop", variant="stop", elem_id="stop", interactive=False, scale=1,
                                       min_width=90)
         self.status = gr.HTML(status_html("Pick a preset or set up the lanes, then press Run."), elem_id="status")
+        # Says that a second Run (Shift+Enter while one is going) was not started. Its own element,
+        # written by the browser alone: the status line is rewritten by every frame of the run.
+        self.notice = gr.HTML("", elem_id="run-notice")
 
         self.lane_count = gr.State(3)
         self.traces = gr.State([])

@@ -46,6 +46,10 @@ _RUNNERS_LOCK = threading.Lock()
 _SELECTED: dict[str, int] = {}
 
 BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
+# Shift+Enter while this page's run streams (Run disabled): the browser says why nothing started.
+BUSY_JS = ("() => { const b = document.querySelector('#run');"
+           " return b && b.disabled ? '<div class=\"pg-status pg-status-info pg-notice\">' + "
+           + repr(BUSY_MESSAGE) + " + '</div>' : ''; }")
 
 
 class Busy(PlaygroundError):
@@ -64,11 +68,17 @@ class RunSession(PageLayout):
                       self.lane_count, self.preset_state]
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
-        self.run_event = self.run_btn.click(
-            self.on_run, run_inputs, self.result_outputs() + [self.run_btn, self.stop_btn],
-            show_progress="hidden", **model_event_settings())
-        self.prompt.submit(self.on_run, run_inputs, self.result_outputs() + [self.run_btn, self.stop_btn],
-                           show_progress="hidden", **model_event_settings())
+        # The Run button and Shift+Enter in the prompt are ONE event. As two events with the same
+        # outputs, a Shift+Enter during a run sent a second request whose refusal shared the
+        # running event's outputs (buttons included) and raised a toast over the page; in the
+        # browser, Stop then did not always reach the run. One event with trigger_mode "once":
+        # the browser sends no second Run while the first is pending (the server still refuses
+        # one that races in), and BUSY_JS says so in #run-notice, which no server frame writes
+        # while the run streams.
+        self.run_event = gr.on([self.run_btn.click, self.prompt.submit], self.on_run, run_inputs,
+                               self.result_outputs() + [self.run_btn, self.stop_btn, self.notice],
+                               show_progress="hidden", trigger_mode="once", **model_event_settings())
+        self.prompt.submit(None, None, [self.notice], js=BUSY_JS, queue=False, show_progress="hidden")
         self.stop_btn.click(self.on_stop, None, None, queue=False)
 
     def wire_share(self, demo: gr.Blocks) -> None:
@@ -101,13 +111,14 @@ class RunSession(PageLayout):
             return
         key = session_key(request)
         if running_runner(key) is not None:
-            gr.Warning(BUSY_MESSAGE)
+            # No toast: it can lie over the Stop button that the user needs next.
             yield {self.status: status_html(BUSY_MESSAGE, "error")}
             return
         started = time.perf_counter()
         start: dict[Any, Any] = {
             self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
-            self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True)}
+            self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True),
+            self.notice: ""}
         for ui in self.lanes[:n]:
             start[ui.output] = empty_output(ui.k, "Starting…")
             start[ui.stats] = stats_html("")
@@ -152,18 +163,17 @@ class RunSession(PageLayout):
                         up.update(self.strip_updates(traces, follow=key not in _SELECTED))
                 yield up
         except Busy as e:  # another Run of this page got there first: leave it alone
-            gr.Warning(str(e))
             yield {self.status: status_html(str(e), "error")}
             return
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
-            yield {self.status: status_html(str(e), "error"), **self.idle_buttons(), **self.not_run(n, str(e))}
+            yield {self.status: status_html(str(e), "error"), **self.idle_buttons(), self.notice: "", **self.not_run(n, str(e))}
             return
         except Exception as e:  # noqa: BLE001 - a bug shows as one line; the log has the traceback
             log.exception("comparison failed")
             msg = one_line(f"the comparison failed: {type(e).__name__}: {e}")
             gr.Warning(msg)
-            yield {self.status: status_html(msg, "error"), **self.idle_buttons(), **self.not_run(n, msg)}
+            yield {self.status: status_html(msg, "error"), **self.idle_buttons(), self.notice: "", **self.not_run(n, msg)}
             return
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
@@ -197,6 +207,7 @@ class RunSession(PageLayout):
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
                                                     "error" if failed else "ok" if not stopped else "info"))
         up.update(self.idle_buttons())
+        up[self.notice] = ""
         yield up
 
     def on_stop(self, request: gr.Request) -> None:
