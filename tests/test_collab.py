@@ -146,15 +146,63 @@ def test_cascade_counts_the_tokens_it_changed(large, small, rule, alpha):
         assert changed > 0
 
 
+# ---------------------------------------------------------------------- diffuspec
+@pytest.fixture(scope="module")
+def bundled():
+    from playground.models import load_model
+
+    return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-diffusion", device="cpu")
+
+
+@pytest.mark.parametrize("prompt,knobs", [("ROMEO: But soft", {"gamma": 4, "draft_steps": 1}),
+                                          ("JULIET:\nO Romeo", {"gamma": 6, "draft_steps": 3}),
+                                          ("To be, or not to be", {"gamma": 3, "draft_steps": 3})])
+def test_diffuspec_at_temperature_zero_is_target_greedy(bundled, prompt, knobs):
+    target, diffusion = bundled
+    trace = run(target, "diffuspec", prompt, 20, {"temperature": 0.0, **knobs}, draft=diffusion)
+    assert trace.output_ids == greedy_ids(target, prompt, 20)
+    assert trace.stats["accepted_tokens"] > 0  # the diffusion drafts really helped somewhere
+    assert trace.stats["target_forwards"] < len(trace.output_ids)
+
+
+def test_diffuspec_draft_view_shows_the_canvas(bundled):
+    target, diffusion = bundled
+    g, steps = 5, 2
+    trace = run(target, "diffuspec", "ROMEO: But soft", 12, {"gamma": g, "draft_steps": steps}, draft=diffusion,
+                seed=3)
+    for s in trace.steps:
+        dc = s.evidence["draft_canvas"]
+        assert dc["mask_id"] == diffusion.mask_token_id
+        drafted = [n["token"] for n in s.evidence["tree"]["nodes"]]
+        if not drafted:
+            continue
+        assert all(n["source"] == "diffusion" for n in s.evidence["tree"]["nodes"])
+        seen: list[int] = []
+        for k, c in enumerate(dc["steps"]):
+            seen += c["unmasked"]
+            assert c["unmasked"] == sorted(c["unmasked"]) and (not k or c["unmasked"][0] > dc["steps"][k - 1]["unmasked"][-1])
+            assert [t is not None for t in c["canvas"]] == [i in seen for i in range(len(c["canvas"]))]
+        assert dc["steps"][-1]["canvas"] == drafted  # the last canvas is the drafted block
+        assert len(dc["steps"]) == min(steps, len(drafted))
+    assert trace.stats["draft_forwards"] == sum(len(s.evidence["draft_canvas"]["steps"]) for s in trace.steps)
+
+
+def test_diffuspec_needs_a_diffusion_draft(bundled, large):
+    target, _ = bundled
+    with pytest.raises(PlaygroundError, match="a draft must be diffusion") as e:
+        prepare(model=target, decoder="diffuspec", prompt="ROMEO:", max_new_tokens=4, draft="tiny-shakespeare-draft")
+    assert "\n" not in str(e.value)
+
+
 # ---------------------------------------------------------------------- bad inputs
-@pytest.mark.parametrize("decoder", ["ead", "spec_cascade"])
+@pytest.mark.parametrize("decoder", ["ead", "spec_cascade", "diffuspec"])
 def test_collab_needs_a_small_model(large, decoder):
     with pytest.raises(PlaygroundError, match="needs a draft model") as e:
         prepare(model=large, decoder=decoder, prompt="ROMEO:", max_new_tokens=4)
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("decoder", ["ead", "spec_cascade"])
+@pytest.mark.parametrize("decoder", ["ead", "spec_cascade", "diffuspec"])
 def test_collab_refuses_a_diffusion_target(small, decoder):
     with pytest.raises(PlaygroundError, match=r"is a diffusion model.*causal") as e:
         prepare(model="tiny-shakespeare-diffusion", decoder=decoder, prompt="ROMEO:", max_new_tokens=4, draft=small)
