@@ -56,6 +56,8 @@ CASES = {
     "prompt_lookup": Case("bundled", REPEATING, {"num_draft": 3}, top_k=3),
     "ngram_adaptive": Case("bundled", REPEATING, {"depth": 3}, top_k=3),
     "token_recycling": Case("bundled", REPEATING, {"depth": 3}, top_k=3),
+    # the bundled masked-diffusion LM drafts for the bundled causal target (issue 14)
+    "diffuspec": Case("diffusion", "ROMEO: But soft, what light", {"gamma": 2, "draft_steps": 1}, top_k=3),
 }
 SAMPLING_LOSSLESS = sorted(c.name for c in all_decoders()
                            if c.lossless and c.kind == "causal" and "temperature" in c.params)
@@ -74,6 +76,13 @@ def bundled_models():
     from playground.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-draft", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def diffusion_models():
+    from playground.models import load_model
+
+    return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-diffusion", device="cpu")
 
 
 def exact_law(target, prompt_ids: list[int], chain_knobs: dict[str, Any], n_tokens: int) -> dict:
@@ -151,7 +160,7 @@ def test_samples_follow_target_distribution(request, decoder):
     prompt_ids = None
     for seed in range(case.runs):
         r = prepare(model=target, decoder=decoder, prompt=case.prompt, max_new_tokens=case.tokens,
-                    draft=draft if decoder in ("speculative", "spec_tree") else None, seed=seed,
+                    draft=draft if decoder in ("speculative", "spec_tree", "diffuspec") else None, seed=seed,
                     params={**chain, **case.knobs})
         r.ctx.stop_ids = set()
         tr = r.finish()
