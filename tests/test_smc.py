@@ -48,6 +48,45 @@ def test_unweighted_particles_are_parallel_samples():
     assert b["output_ids"] in [p["ids"] for p in b["stats"]["particles"]]
 
 
+SENTENCE = r"[A-Z][a-z]+( [a-z]+)*\."
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_particle_under_a_constraint_is_constrained_sampling(seed):
+    a = playground.generate(model=MODEL, decoder="sample", prompt="ROMEO:\n", max_new_tokens=24, seed=seed,
+                            regex=SENTENCE)
+    b = playground.generate(model=MODEL, decoder="smc", prompt="ROMEO:\n", max_new_tokens=24, seed=seed,
+                            regex=SENTENCE, num_particles=1)
+    assert b["output_ids"] == a["output_ids"]
+    assert b["stats"]["finish_reason"] == a["stats"]["finish_reason"] == "constraint"
+
+
+def test_constraint_weights_are_the_allowed_mass():
+    """Without resampling, a particle's log weight is the sum over its steps of the log of
+    the probability its constraint allowed (the correction from locally masked proposals
+    to the model conditioned on the constraint)."""
+    tr = playground.generate(model=MODEL, decoder="smc", prompt="ROMEO:\n", max_new_tokens=16, seed=3,
+                             regex=SENTENCE, num_particles=4, ess_threshold=0.0)
+    assert tr["stats"]["resamples"] == 0
+    total = [0.0] * 4
+    done = [False] * 4
+    for s in tr["steps"]:
+        for j, b in enumerate(s["beams"]):
+            if not done[j]:
+                assert 0 < b["allowed_mass"] <= 1
+                total[j] += math.log(b["allowed_mass"])
+            done[j] = b["finished"]
+            assert s["smc"]["log_weights"][j] == pytest.approx(total[j], abs=1e-3)
+    for p in tr["stats"]["particles"]:
+        assert regex.fullmatch(SENTENCE, playground_text(p["ids"])) or len(p["ids"]) == 16
+
+
+def playground_text(ids):
+    from playground.models import load_model
+
+    return load_model(MODEL, device="cpu").decode(ids)
+
+
 # ---------------------------------------------------------------------- resampling
 def test_resampling_keeps_weights_normalised_and_lineages_intact():
     tr = gen("smc", 7, n=20, num_particles=8, keywords="lord, good", match_regex=r"[^;:!?]*", ess_threshold=0.9)
@@ -167,6 +206,8 @@ def test_length_potential_pulls_towards_the_target():
     ({"resampling": "stratified"}, "resampling"),
     ({"strength": -1}, "strength"),
     ({"target_chars": -3}, "target_chars"),
+    ({"regex": "("}, "regex"),
+    ({"json_schema": "{not json"}, "json_schema"),
 ])
 def test_bad_knobs_are_one_line(knobs, needle):
     with pytest.raises(PlaygroundError) as e:

@@ -116,6 +116,16 @@ def test_delta_zero_is_the_sample_decoder():
     assert b["stats"]["chain"][-1].startswith("watermark(")
 
 
+def test_watermark_under_a_constraint():
+    import regex
+
+    pattern = r"[A-Z][a-z]+( [a-z]+)*\."
+    tr = playground.generate(model=MODEL, decoder="watermark", prompt="ROMEO:\n", max_new_tokens=32, seed=2,
+                             regex=pattern)
+    assert tr["stats"]["finish_reason"] == "constraint" and regex.fullmatch(pattern, tr["text"])
+    assert all("constraint" in s and "watermark" in s for s in tr["steps"])
+
+
 def test_selfhash_text_is_detected_by_transformers(handle):
     kw = dict(watermark_seeding="selfhash", watermark_context_width=2, watermark_key=99, watermark_gamma=0.25)
     tr = playground.generate(model=MODEL, decoder="watermark", prompt=PROMPT, max_new_tokens=64, seed=3, **kw)

@@ -22,6 +22,7 @@ import torch
 
 from decoders.ar import draw
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
+from decoders.guided._constraint import constraint_params, stage_for
 from decoders.processors import History, build_chain
 from playground.errors import PlaygroundError
 from playground.trace import Step
@@ -149,6 +150,20 @@ def resample(weights: Sequence[float], uniforms: Sequence[float], how: str) -> l
     return [int(min(i, n - 1)) for i in idx]
 
 
+def allowed_mass(processed: torch.Tensor, masked: torch.Tensor) -> float | None:
+    """The proposal's probability of the tokens the constraint allows (``masked`` is the raw
+    logits with forbidden tokens at ``-inf``); None at temperature 0, where the proposal is a
+    point mass and no weight can correct for the mask."""
+    live = torch.isfinite(processed)
+    if int(live.sum()) <= 1:
+        return None
+    ok = torch.isfinite(masked) & live
+    if not bool(ok.any()):
+        return 0.0
+    full = torch.logsumexp(processed.double()[live], 0)
+    return float(torch.exp(torch.logsumexp(processed.double()[ok], 0) - full))
+
+
 def pick(weights: Sequence[float], u: float) -> int:
     """The particle a uniform ``u`` in [0, 1) selects by inverse CDF of the weights."""
     cdf = np.cumsum(np.asarray(weights, dtype=np.float64))
@@ -176,10 +191,13 @@ class Particle:
     phi: float = 0.0
     finished: bool = False
     reason: str = "length"
+    row: Any = None  # the constraint stage's matcher state (decoders.guided._constraint.Row)
+    allowed_mass: float | None = None  # share of the proposal the constraint allowed, last step
 
     def copy(self) -> "Particle":
         """An independent copy (resampling duplicates particles)."""
-        return Particle(list(self.ids), self.logprob, self.log_w, self.phi, self.finished, self.reason)
+        return Particle(list(self.ids), self.logprob, self.log_w, self.phi, self.finished, self.reason,
+                        self.row.clone() if self.row is not None else None, self.allowed_mass)
 
 
 @register
@@ -192,15 +210,23 @@ class SMC(Decoder):
     ``strength * (phi(new text) - phi(old text))``, so the population targets
     ``p(x) * exp(strength * phi(x))``. Potentials (each in [-1, 0]): ``match_regex`` (the
     text can still become a full match; finished, it must be one), ``keywords`` (share
-    present, case-insensitive), ``target_chars`` (relative distance to that length). When
+    present, case-insensitive), ``target_chars`` (relative distance to that length). A
+    constraint knob (``regex``, ``json_schema``, ``grammar``: the constraint stage's syntax)
+    is the hard potential "the text is in the constraint's language": each particle proposes
+    from the model restricted to the tokens its matcher allows and its log weight gains the
+    log of the probability those tokens had, so the population targets the model
+    conditioned on the whole output satisfying the constraint rather than the token-by-token
+    masked model (Loula et al.'s weighting; at temperature 0 there is no weight). When
     the effective sample size drops below ``ess_threshold * N`` the particles are resampled
     (systematic or multinomial; uniforms on stream ``smc/resample``) and weights reset;
     the evidence estimate ``log Z`` accumulates each resampling's mean weight. The output is
     one particle drawn by its final weight (stream ``smc/select``). With one particle and no
-    potential it is the ``sample`` decoder, token for token. Steps are ``beam`` steps: every
+    potential it is the ``sample`` decoder, token for token (under a constraint, the
+    constrained ``sample`` decoder). Steps are ``beam`` steps: every
     particle with its weight and parent, plus ``smc`` (weights, ESS, threshold, whether and
-    how the population was resampled). Simplifies: the proposal is the model itself (no
-    look-ahead twist), potentials are evaluated on decoded text.
+    how the population was resampled; ``allowed_mass`` per particle under a constraint).
+    Simplifies: the proposal is the (masked) model itself, no learned look-ahead twist;
+    potentials are evaluated on decoded text.
     """
 
     name = "smc"
@@ -216,6 +242,7 @@ class SMC(Decoder):
         match_regex=Text("", "potential: the output must be able to become (finished: be) a full match of this regex"),
         keywords=Text("", "potential: comma-separated words the output should contain (case-insensitive)"),
         target_chars=Int(0, 0, 100_000, "potential: output length in characters to aim for; 0 = off"),
+        **constraint_params(words=False),
     )
     reference = ("Lew et al. 2023, Sequential Monte Carlo Steering of Large Language Models using "
                  "Probabilistic Programs; Loula et al. 2025, Syntactic and Semantic Control of Large "
@@ -234,7 +261,8 @@ class SMC(Decoder):
         decode = ctx.target.decode
         prompt = list(ctx.prompt_ids)
         phi0 = pot("", False) if pot.active else 0.0
-        parts = [Particle(phi=phi0) for _ in range(n)]
+        stage = stage_for(ctx.target, p)
+        parts = [Particle(phi=phi0, row=stage.row() if stage is not None else None) for _ in range(n)]
         log_z = 0.0
         resamples = 0
 
@@ -252,12 +280,23 @@ class SMC(Decoder):
             for row, i in enumerate(live):
                 pt = parts[i]
                 h = History(ids=prompt + pt.ids, prompt_len=len(prompt), pos=t, uniform=ctx.uniform)
-                processed = chain(logits[row], h)
+                if pt.row is not None:
+                    masked, _ = pt.row.apply(logits[row])
+                    processed = chain(masked, h)
+                    pt.allowed_mass = allowed_mass(chain(logits[row], h), masked)
+                    if pt.allowed_mass is not None:
+                        pt.log_w += math.log(pt.allowed_mass) if pt.allowed_mass > 0 else -math.inf
+                else:
+                    processed = chain(logits[row], h)
                 tok = draw(ctx, t, torch.softmax(processed, -1), processed, "gumbel",
                            stream="sample" if i == 0 else f"sample/{i}")
                 pt.ids.append(tok)
                 pt.logprob += float(raw_logp[row, tok])
                 reason = check_stop(ctx, pt.ids, decode)
+                if pt.row is not None:
+                    pt.row.advance(tok)
+                    if not reason and pt.row.done:
+                        reason = "constraint"
                 if reason or t + 1 >= ctx.max_new_tokens:
                     pt.finished, pt.reason = True, reason or "length"
                 if pot.active:
@@ -278,7 +317,8 @@ class SMC(Decoder):
             yield Step("beam", [], beams=[
                 {"ids": list(q.ids), "score": round(float(math.log(w[i])) if w[i] > 0 else -1e9, 5),
                  "logprob": round(q.logprob, 5), "parent": parents[i], "finished": q.finished,
-                 "weight": round(float(w[i]), 6), "potential": round(q.phi, 5)}
+                 "weight": round(float(w[i]), 6), "potential": round(q.phi, 5),
+                 **({"allowed_mass": round(q.allowed_mass, 6)} if q.allowed_mass is not None else {})}
                 for i, q in enumerate(parts)],
                 smc={"n": n, "ess": round(e, 4), "threshold": round(float(p["ess_threshold"]) * n, 4),
                      "resampled": do_resample, "ancestors": ancestors,
@@ -298,6 +338,8 @@ class SMC(Decoder):
             else:
                 parents = list(range(n))
                 src = [i for i in range(n) if not parts[i].finished]
+            if not src:  # resampling kept only finished particles
+                break
             rows = [old_row[a] for a in src]
             if rows != list(range(len(live))):
                 cache.reorder_cache(torch.tensor(rows, dtype=torch.long))

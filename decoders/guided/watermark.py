@@ -27,6 +27,7 @@ import torch
 
 from decoders.ar import token_loop
 from decoders.base import Choice, Context, Float, Int, lens_param, register
+from decoders.guided._constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
 from decoders.sampling import ChainDecoder, chain_picker, coupling_param
 from playground.errors import PlaygroundError
@@ -229,12 +230,15 @@ class Watermark(ChainDecoder):
     watermark-detect`` detects transformers' watermarked text. Each step records whether its
     token is green, the green mass before and after the bias, and the running z-score of the
     output (with the prompt as context for the first tokens). With ``watermark_delta = 0``
-    it is the ``sample`` decoder. Simplifies: one sequence, CPU green lists.
+    it is the ``sample`` decoder. The constraint knobs (``regex``, ``json_schema``,
+    ``grammar``, ...) mask the logits before the chain, as on ``sample``, so a constrained
+    output can carry the watermark too. Simplifies: one sequence, CPU green lists.
     """
 
     name = "watermark"
     family = "guided"
-    params = ChainParams(**chain_params(), **_wm_params(), coupling=coupling_param(), logit_lens=lens_param())
+    params = ChainParams(**chain_params(), **_wm_params(), coupling=coupling_param(), logit_lens=lens_param(),
+                         **constraint_params(healing=True))
     reference = "Kirchenbauer et al. 2023, A Watermark for Large Language Models (ICML)"
     description = "Sample with a green-list watermark (transformers-compatible) and track its z-score"
 
