@@ -175,6 +175,14 @@ def _chosen_problems(d: Any, path: str = "") -> list[str]:
     return bad
 
 
+def _draft_for(cls: Any, models: dict[str, Any]) -> Any:
+    """The draft slot's model: the set's causal draft, or its diffusion model for a decoder
+    that drafts with one (diffuspec)."""
+    if not cls.needs_draft:
+        return None
+    return models["diffusion"] if getattr(cls, "draft_kind", "causal") == "diffusion" else models["draft"]
+
+
 def check_run(models: dict[str, Any], decoder: str, knobs: dict[str, Any], prompt: str, n: int,
               seed: int) -> str:
     """Run one request; assert the property; return ``"ok"`` or ``"error"``."""
@@ -182,7 +190,7 @@ def check_run(models: dict[str, Any], decoder: str, knobs: dict[str, Any], promp
     target = models[cls.kind]
     try:
         trace = prepare(model=target, decoder=decoder, prompt=prompt, max_new_tokens=n, seed=seed,
-                        draft=models["draft"] if cls.needs_draft else None, params=knobs).finish()
+                        draft=_draft_for(cls, models), params=knobs).finish()
     except PlaygroundError as e:
         msg = str(e)
         assert msg.strip() and "\n" not in msg and "\r" not in msg, f"error is not one line: {msg!r}"
