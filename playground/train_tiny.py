@@ -124,8 +124,8 @@ GPU_RECIPES = {
         # ~0.61M parameters: 5.6x fewer than the target (the issue asks for >= 5x)
         arch=dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=2),
-        steps=4000, batch_size=64, seq_len=256, lr=3e-3, min_lr=1.5e-4, warmup=100,
-        weight_decay=0.05, dropout=0.0, eval_every=100, max_seconds=50,
+        steps=8000, batch_size=64, seq_len=256, lr=3e-3, min_lr=1.5e-4, warmup=100,
+        weight_decay=0.05, dropout=0.0, eval_every=100, max_seconds=90,
         distill=0.8,  # top-1 agreement is what speculation needs: lean on the teacher
     ),
     "diffusion": dict(

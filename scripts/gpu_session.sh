@@ -70,7 +70,7 @@ cp -r assets/models/tiny-shakespeare assets/models/tiny-shakespeare-draft \
       assets/models/tiny-shakespeare-diffusion "$WORK"/
 
 # (b) training, one stage per process; caps include corpus encoding and the CPU evaluation
-declare -A CAP=([target]=150 [draft]=105 [diffusion]=160)
+declare -A CAP=([target]=150 [draft]=140 [diffusion]=160)
 declare -A RESERVE=([target]=330 [draft]=230 [diffusion]=60)
 declare -A NAME=([target]=tiny-shakespeare [draft]=tiny-shakespeare-draft [diffusion]=tiny-shakespeare-diffusion)
 for stage in target draft diffusion; do
