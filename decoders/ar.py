@@ -133,7 +133,11 @@ def dist_evidence(view: Any, raw_logits: torch.Tensor, final_probs: torch.Tensor
     ``top_ids`` are the K most probable tokens under the *raw* distribution, plus the
     chosen token if it is not among them.
     """
-    raw = torch.softmax(raw_logits.float(), -1)
+    # evidence is read on the CPU: the two inputs can live on different devices (a correction
+    # drawn from a CPU residual against the target's CUDA logits)
+    raw_logits = raw_logits.detach().float().cpu()
+    final_probs = final_probs.detach().float().cpu()
+    raw = torch.softmax(raw_logits, -1)
     top = torch.topk(raw, min(k, raw.numel())).indices.tolist()
     if chosen not in top:
         top.append(int(chosen))

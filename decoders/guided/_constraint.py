@@ -370,8 +370,8 @@ class Row:
             b = self.stage.bias
             x = x.clone()
             n = min(x.numel(), b.numel())
-            x[:n] += b[:n]
-        ok = self.allowed(x.numel())
+            x[:n] += b[:n].to(x.device)
+        ok = self.allowed(x.numel()).to(x.device)  # the matcher's mask is made on the CPU
         n_ok = int(ok.sum())
         if n_ok == 0:
             what = self.stage.knob or "bad_words/token_healing"

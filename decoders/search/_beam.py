@@ -139,6 +139,8 @@ class BeamGroup:
         Returns (parents, tokens, newly finished hyps, their parents) for the next beams.
         """
         k, vocab = self.k, logprobs.shape[-1]
+        # the ranking runs on the CPU beside the beams' scores, whatever device the model is on
+        logprobs = logprobs.detach().float().cpu()
         acc = self.rank(logprobs, t).reshape(-1)
         keep = min(max(2, 1 + self.n_stop) * k, acc.numel())
         top_vals, top_idx = torch.topk(acc, keep)
@@ -244,7 +246,8 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
     prev_pos: dict[int, int] = {}  # global row -> index in the previous step's beams list
     for t in range(ctx.max_new_tokens):
         ctx.check_cancel()
-        logprobs = torch.log_softmax(logits.float(), -1)
+        # ranking, masks and diversity counts live on the CPU, whatever device the model is on
+        logprobs = torch.log_softmax(logits.float(), -1).cpu()
         cev = None
         if crows is not None:
             # masked on the log-probs, as transformers' processors: scores stay the model's log-probability

@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,6 +41,7 @@ DESCRIPTION = ("GPU: ~1B Llama bf16 / 8-bit / 4-bit, traced greedy vs generate, 
                "~100M draft, diffusion on a ~7B masked model, device_map=auto over GPU+CPU, peak memory")
 
 FORCE_CPU_ENV = "PLAYGROUND_BENCH_GPU_CPU"
+PARTS_ENV = "PLAYGROUND_BENCH_GPU_PARTS"
 PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks? It is the east, and"
 
 # (name, config kwargs) at full size and at --quick-on-CPU size
@@ -211,6 +213,7 @@ def _section(name: str, fn: Callable[[], list[str]], lines: list[str], notes: li
         # printed as it comes, so a run cut short by a time limit still leaves its figures
         print("\n".join(new), file=sys.stderr, flush=True)
     except Exception as e:  # noqa: BLE001 — a bench part that fails is reported, not fatal
+        traceback.print_exc()  # the whole story on stderr; the section keeps one line
         first = (str(e).strip().splitlines() or [""])[0][:200]
         notes.append(f"- {name}: failed — {type(e).__name__}: {first}")
     print(f"[bench gpu] {name}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
@@ -389,11 +392,15 @@ def run_suite(args: argparse.Namespace) -> str:
                 _row(res["tf"], f"{res['tok_s']:.1f}", f"{res['wall'] / max(1, res['tf']):.3f}",
                      _gib(_peak_gib(device)))]
 
+    # PARTS_ENV="bf16,speculative": run only the parts whose names start so (a rerun of one part)
+    only = [x.strip() for x in os.environ.get(PARTS_ENV, "").split(",") if x.strip()]
     try:
         # most wanted first: a time limit that cuts the run short loses the tail
         for name, fn in (("bf16 greedy vs generate", part_bf16), ("speculative", part_spec),
                          ("diffusion", part_diffusion), ("8-bit / 4-bit", part_quant),
                          ("device_map=auto", part_offload)):
+            if only and not any(name.startswith(o) for o in only):
+                continue
             if name != "bf16 greedy vs generate" and "target" not in state and name in (
                     "8-bit / 4-bit", "speculative", "device_map=auto"):
                 notes.append(f"- {name}: not run (the bf16 target was not built)")
