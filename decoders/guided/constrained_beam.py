@@ -128,7 +128,7 @@ class ConstrainedBeam(Decoder):
         self.extra_stats["forced_phrases"] = [ctx.target.decode(ph) for ph in phrases]
         for t in range(ctx.max_new_tokens):
             ctx.check_cancel()
-            logprobs = torch.log_softmax(logits.float(), -1)
+            logprobs = torch.log_softmax(logits.float(), -1).cpu()  # banks are sorted on the CPU
             cands: dict[tuple[int, int], float] = {}
             for b in range(k):
                 if scores[b] == NEG_INF:
