@@ -32,6 +32,11 @@ KNOB_SHOWS = {
     "regex": "; under a constraint (`regex`, `json_schema`, `grammar`, `logit_bias`, `bad_words`, `token_healing`) "
              "each step also records `constraint`: allowed tokens, the probability mass the constraint removed, "
              "the top allowed and blocked tokens",
+    "watermark_gamma": "; plus `watermark` per step: whether the token fell in its green list, the green list's "
+                       "probability before and after delta, and the output's running z-score",
+    "ess_threshold": "; plus `smc` per step: each particle's normalised weight, log weight and potential, the "
+                     "effective sample size against its threshold, and whether (and from which ancestors) the "
+                     "population was resampled",
 }
 
 FAMILIES = {
