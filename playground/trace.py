@@ -19,7 +19,58 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 SCHEMA = 1
-STEP_KINDS = ("token", "draft", "denoise", "beam", "jacobi")
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """A step kind as the rest of the app needs it: ``shows`` (one line for the catalogue: the
+    evidence its steps carry) and ``id_keys`` (the evidence keys whose values are token ids, an
+    id or a list of them, so a replay can show their text without a tokenizer)."""
+
+    name: str
+    shows: str
+    id_keys: tuple[str, ...] = ()
+
+
+# The registry of step kinds: the five built in here; a decoder module that yields steps of a
+# new kind declares it with declare_step_kind (the catalogue, the validator and replays read it).
+STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
+    StepKind("token", "per-step distribution (top-K raw vs final probabilities, chosen token and rank, "
+                      "entropy, kept mass)", ("top_ids", "chosen", "token")),
+    StepKind("draft", "the draft tree of every step (q, p, acceptance probability, accepted path, correction "
+                      "or bonus token, source)", ("token", "correction", "top_ids", "chosen")),
+    StepKind("denoise", "the canvas at every step (which positions were unmasked, confidence, entropy and "
+                        "margin per position, block)", ("canvas", "predicted")),
+    StepKind("beam", "the beams at every step (ids, scores, parents, finished)", ("ids",)),
+    StepKind("jacobi", "the Jacobi window at every iteration (guesses and converged prefix)", ("guess",)),
+)}
+# Token-id keys of every trace, whatever its steps: the trace's own ids, each step's commits
+# and evidence any kind may carry (a forced token; the sequences of a search's stats).
+BASE_ID_KEYS = ("prompt_ids", "output_ids", "committed", "token", "ids")
+
+
+def declare_step_kind(name: str, shows: str, id_keys: Sequence[str] = ()) -> StepKind:
+    """Register a new step kind (from the decoder module that yields it); declaring the same
+    kind again with the same fields is a no-op, with other fields a ValueError."""
+    kind = StepKind(str(name), str(shows), tuple(id_keys))
+    if not kind.name or not kind.shows:
+        raise ValueError("a step kind needs a name and a line saying what its steps show")
+    if STEP_KINDS.get(kind.name, kind) != kind:
+        raise ValueError(f"step kind {kind.name!r} is already declared differently")
+    STEP_KINDS[kind.name] = kind
+    return kind
+
+
+def forget_step_kind(name: str) -> None:
+    """Remove a declared step kind (for tests that declare one of their own)."""
+    STEP_KINDS.pop(name, None)
+
+
+def token_id_keys() -> frozenset[str]:
+    """Every key whose value holds token ids, over all declared step kinds (for replays)."""
+    return frozenset(BASE_ID_KEYS).union(*(k.id_keys for k in STEP_KINDS.values()))
+
+
 FINISH_REASONS = ("length", "stop", "eos", "cancelled", "error")
 TRACE_FIELDS = (
     "schema", "model", "decoder", "params", "seed", "prompt", "prompt_ids",
