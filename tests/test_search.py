@@ -250,7 +250,7 @@ def test_bad_search_knobs(llama, decoder, params, msg):
 
 
 def test_search_decoders_are_documented():
-    for name in ("beam", "diverse_beam", "arithmetic", "best_of_n", "mbr"):
+    for name in ("beam", "diverse_beam", "arithmetic", "best_of_n", "mbr", "best_first_beam", "uid_beam"):
         cls = get_decoder(name)
         assert cls.family == "search" and cls.kind == "causal" and cls.step_kind == "beam"
         assert cls.reference and cls.description and cls.__doc__
@@ -280,7 +280,7 @@ def test_mbr_returns_the_consensus_sample(llama):
     assert ngram_f1([1, 2, 3], [1, 2, 3], 2) == 1.0
     assert ngram_f1([1, 2, 3], [4, 5, 6], 2) == 0.0
     assert ngram_f1([1, 2, 3], [1, 2, 4], 1) == pytest.approx(2 / 3)
-    trace = run(llama, "mbr", PROMPTS[0], 8, {"num_samples": 5, "temperature": 1.5}, seed=2)
+    trace = run(llama, "mbr", PROMPTS[0], 8, {"num_hypotheses": 5, "temperature": 1.5}, seed=2)
     samples = trace.stats["samples"]
     seqs = [x["ids"] for x in samples]
     for i, x in enumerate(samples):
@@ -289,6 +289,71 @@ def test_mbr_returns_the_consensus_sample(llama):
     best = trace.stats["chosen_sample"]
     assert samples[best]["utility"] == max(x["utility"] for x in samples)
     assert trace.output_ids == seqs[best]
+
+
+@pytest.mark.parametrize("refs", [0, 3])
+def test_mbr_with_one_hypothesis_returns_it(llama, refs):
+    knobs = {"temperature": 1.2}
+    s = run(llama, "sample", PROMPTS[1], 8, knobs, seed=7)
+    one = run(llama, "mbr", PROMPTS[1], 8, {"num_hypotheses": 1, "num_references": refs, "utility": "chrf",
+                                             **knobs}, seed=7)
+    assert one.output_ids == s.output_ids  # the one hypothesis is sample 0: the sample decoder's draw
+    assert one.stats["chosen_sample"] == 0
+
+
+def test_mbr_chrf_matrix_is_sacrebleus_and_the_choice_its_best_row(llama):
+    from sacrebleu.metrics import CHRF
+
+    n, m = 4, 3
+    trace = run(llama, "mbr", PROMPTS[2], 10, {"num_hypotheses": n, "num_references": m, "utility": "chrf",
+                                               "ref_sampler": "epsilon", "temperature": 1.5}, seed=1)
+    hyps = [x["ids"] for x in trace.stats["samples"]]
+    refs = [x["ids"] for x in trace.stats["references"]]
+    ev = trace.steps[-1].evidence["mbr"]
+    chrf = CHRF()
+    dec = llama.decode
+    for i, h in enumerate(hyps):
+        for j, r in enumerate(refs):
+            assert ev["matrix"][i][j] == pytest.approx(chrf.sentence_score(dec(h), [dec(r)]).score / 100, abs=1e-4)
+        assert ev["expected"][i] == pytest.approx(sum(ev["matrix"][i]) / m, abs=1e-4)
+    assert ev["chosen"] == trace.stats["chosen_sample"] == max(range(n), key=lambda i: (ev["expected"][i], -i))
+    assert trace.output_ids == hyps[ev["chosen"]]
+    sets = [s.evidence.get("set") for s in trace.steps[:-1]]
+    assert "hypotheses" in sets and "references" in sets  # two batched sets, each in the trace
+    assert trace.stats["target_forwards"] == len(trace.steps) - 1
+
+
+@pytest.mark.parametrize("utility", ["ngram_f1", "chrf"])
+def test_mbr_reference_aggregation(llama, utility):
+    """Against one reference, aggregation is the pairwise utility; against several, it
+    compares with the references' mean n-gram statistics."""
+    from decoders.search._utility import aggregated, pairwise
+
+    dec = llama.decode
+    hyps = [[5, 6, 7, 8, 9], [5, 6, 10, 11], [12, 13, 14]]
+    refs = [[5, 6, 7, 20], [5, 6, 10, 21, 22]]
+    for r in refs:
+        agg = aggregated(utility, hyps, [r], dec, 2)
+        pw = [row[0] for row in pairwise(utility, hyps, [r], dec, 2, skip_self=False)]
+        assert agg == pytest.approx(pw, abs=1e-9)
+    agg = aggregated(utility, hyps, refs, dec, 2)
+    if utility == "ngram_f1":  # by hand: hypothesis 0 against the averaged counts
+        # unigrams: matches 5:1, 6:1, 7:0.5 -> 2.5 of 5 hyp, ref mass 4.5; bigrams: (5,6):1, (6,7):0.5 -> 1.5 of 4, mass 3.5
+        f1 = lambda m, h, r: 2 * (m / h) * (m / r) / (m / h + m / r)  # noqa: E731
+        assert agg[0] == pytest.approx((f1(2.5, 5, 4.5) + f1(1.5, 4, 3.5)) / 2, abs=1e-9)
+    trace = run(llama, "mbr", PROMPTS[0], 8, {"num_hypotheses": 4, "num_references": 4, "utility": utility,
+                                              "aggregation": "reference"}, seed=3)
+    ev = trace.steps[-1].evidence["mbr"]
+    assert ev["matrix"] is None and ev["aggregation"] == "reference"
+    assert trace.output_ids == trace.stats["samples"][ev["chosen"]]["ids"]
+
+
+def test_mbr_bad_knobs_are_one_line(llama):
+    with pytest.raises(PlaygroundError, match="aggregation 'reference' works with"):
+        prepare(model=llama, decoder="mbr", prompt="ROMEO:", max_new_tokens=4,
+                params={"aggregation": "reference", "utility": "bleu"})
+    with pytest.raises(PlaygroundError, match="not one of"):
+        prepare(model=llama, decoder="mbr", prompt="ROMEO:", max_new_tokens=4, params={"utility": "comet"})
 
 
 # ---------------------------------------------------------------------- patience (Kasai et al. 2022)

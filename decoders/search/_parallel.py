@@ -22,9 +22,10 @@ def _filter_knobs() -> dict[str, Any]:
     )
 
 
-def _filter_chain(p: dict[str, Any]):
+def _filter_chain(p: dict[str, Any], epsilon: float = 0.0):
+    """The samplers' chain: top-k, top-p, min-p, then epsilon (MBR's epsilon sampler), then temperature."""
     return build_chain({**CHAIN_DEFAULTS, **{k: p[k] for k in ("temperature", "top_k", "top_p", "min_p")},
-                        "order": "top_k,top_p,min_p,temperature"})
+                        "epsilon": epsilon, "order": "top_k,top_p,min_p,epsilon,temperature"})
 
 
 def _filters_lossy(p: dict[str, Any]) -> bool:
@@ -42,15 +43,19 @@ class Samples:
 Chooser = Any  # (sample index, position, final probs) -> (token, extra beam evidence)
 
 
-def parallel_samples(ctx: Context, n: int, choose: Chooser, commit_first: bool) -> Iterator[Step]:
+def parallel_samples(ctx: Context, n: int, choose: Chooser, commit_first: bool, chain: Any = None,
+                     label: str | None = None) -> Iterator[Step]:
     """Grow ``n`` continuations in one batched cache, one ``beam`` step per position.
 
     ``choose(i, t, probs)`` picks sample ``i``'s token at position ``t`` from its processed
-    distribution. A finished sample leaves the batch. With ``commit_first`` the steps commit
-    sample 0's tokens (it is the output); otherwise they commit nothing. Returns
-    :class:`Samples` (``result = yield from parallel_samples(...)``).
+    distribution (``chain``, by default the decoder's temperature/top-k/top-p/min-p). A
+    finished sample leaves the batch. With ``commit_first`` the steps commit sample 0's
+    tokens (it is the output); otherwise they commit nothing. ``label`` names the set in
+    each step's ``set`` field (MBR's hypotheses and references). Returns :class:`Samples`
+    (``result = yield from parallel_samples(...)``).
     """
-    chain = _filter_chain(ctx.params)
+    chain = chain or _filter_chain(ctx.params)
+    tag = {"set": label} if label else {}
     seqs: list[list[int]] = [[] for _ in range(n)]
     logp = [0.0] * n
     done = [False] * n
@@ -73,7 +78,7 @@ def parallel_samples(ctx: Context, n: int, choose: Chooser, commit_first: bool) 
                 done[i] = True
         beams = [{"ids": list(seqs[i]), "score": round(logp[i], 5), "parent": i, "finished": done[i],
                   **info.get(i, {})} for i in range(n)]
-        yield Step("beam", [seqs[0][-1]] if commit_first and 0 in info else [], beams=beams)
+        yield Step("beam", [seqs[0][-1]] if commit_first and 0 in info else [], beams=beams, **tag)
         keep = [row for row, i in enumerate(alive) if not done[i]]
         if not keep:
             break
@@ -85,13 +90,17 @@ def parallel_samples(ctx: Context, n: int, choose: Chooser, commit_first: bool) 
     return Samples(seqs, logp)
 
 
-def iid_chooser(ctx: Context) -> Chooser:
+def iid_chooser(ctx: Context, stream: str = "sample") -> Chooser:
     """Independent draws: sample 0 reads the `sample` decoder's common random numbers
-    (Gumbel-max on stream ``sample``), sample ``i > 0`` its own stream."""
+    (Gumbel-max on stream ``sample``), sample ``i > 0`` its own stream (``sample/<i>``).
+    Another ``stream`` gives a second, independent set (``<stream>/<i>`` for every i)."""
     from decoders.ar import draw
 
+    def name(i: int) -> str:
+        return ("sample" if i == 0 else f"sample/{i}") if stream == "sample" else f"{stream}/{i}"
+
     def choose(i: int, t: int, probs: torch.Tensor) -> tuple[int, dict[str, Any]]:
-        return draw(ctx, t, probs, stream="sample" if i == 0 else f"sample/{i}"), {}
+        return draw(ctx, t, probs, stream=name(i)), {}
 
     return choose
 
