@@ -93,12 +93,12 @@ def check_rollback(decoder: str, view: Any, role: str = "model") -> CacheInfo:
     if info.kind == "recurrent":
         raise PlaygroundError(
             f"{decoder} cannot run on {role} {view.name!r}: its {info.model_type or 'recurrent'} layers keep a "
-            f"recurrent state that cannot be cut back after a rejected draft; use greedy, sampling or beam")
+            f"recurrent state that cannot be cut back after a rejected draft; use greedy or a sampler")
     if info.kind == "other":
         odd = sorted({t for t in info.layer_types if t not in PLAIN_TYPES + WINDOW_TYPES})
         raise PlaygroundError(
             f"{decoder} cannot run on {role} {view.name!r}: its {', '.join(odd)} cache layers cannot be cut "
-            f"back after a rejected draft; use greedy, sampling or beam")
+            f"back after a rejected draft; use greedy or a sampler")
     return info
 
 
