@@ -224,7 +224,8 @@ class SMC(Decoder):
     potential it is the ``sample`` decoder, token for token (under a constraint, the
     constrained ``sample`` decoder). Steps are ``beam`` steps: every
     particle with its weight and parent, plus ``smc`` (weights, ESS, threshold, whether and
-    how the population was resampled; ``allowed_mass`` per particle under a constraint).
+    how the population was resampled; under a constraint ``allowed_mass`` per particle and
+    the heaviest constrained particle's ``constraint`` evidence).
     Simplifies: the proposal is the (masked) model itself, no learned look-ahead twist;
     potentials are evaluated on decoded text.
     """
@@ -277,11 +278,12 @@ class SMC(Decoder):
             ctx.check_cancel()
             raw_logp = torch.log_softmax(logits.float(), -1)
             live = [i for i in range(n) if not parts[i].finished]
+            cev: dict[int, dict[str, Any]] = {}
             for row, i in enumerate(live):
                 pt = parts[i]
                 h = History(ids=prompt + pt.ids, prompt_len=len(prompt), pos=t, uniform=ctx.uniform)
                 if pt.row is not None:
-                    masked, _ = pt.row.apply(logits[row])
+                    masked, cev[i] = pt.row.apply(logits[row])
                     processed = chain(masked, h)
                     pt.allowed_mass = allowed_mass(chain(logits[row], h), masked)
                     if pt.allowed_mass is not None:
@@ -324,7 +326,8 @@ class SMC(Decoder):
                      "resampled": do_resample, "ancestors": ancestors,
                      "weights": [round(float(x), 6) for x in w],
                      "log_weights": [round(q.log_w, 5) for q in parts],
-                     "potentials": [round(q.phi, 5) for q in parts], "log_z": round(log_z, 5)})
+                     "potentials": [round(q.phi, 5) for q in parts], "log_z": round(log_z, 5)},
+                **self._constraint_evidence(cev, w))
             if not alive_next:
                 break
             # the next step's live particles: their cache rows, after resampling if any
@@ -357,6 +360,14 @@ class SMC(Decoder):
             potentials=pot.parts(),
             particles=[{"ids": q.ids, "weight": round(float(w[i]), 6), "logprob": round(q.logprob, 5),
                         "potential": round(q.phi, 5)} for i, q in enumerate(parts)])
+
+    @staticmethod
+    def _constraint_evidence(cev: dict[int, dict[str, Any]], w: np.ndarray) -> dict[str, Any]:
+        """The step's ``constraint`` evidence: that of the heaviest particle which drew under it."""
+        if not cev:
+            return {}
+        k = max(cev, key=lambda i: (w[i], -i))
+        return {"constraint": {**cev[k], "particle": k}}
 
     @staticmethod
     def _text(ctx: Context, pt: Particle) -> str:
