@@ -196,6 +196,8 @@ class ModelView:
         # early exits (forward(num_layers=k < all)) are self-speculative drafts: counted apart
         self.draft_forwards = 0
         self.draft_tokens = 0
+        # tokens x layers run by early exits: what they cost in the race's cost model
+        self.draft_layer_tokens = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.handle, name)
@@ -209,6 +211,7 @@ class ModelView:
         if k is not None and k < self.handle.num_layers:
             self.draft_forwards += 1
             self.draft_tokens += n
+            self.draft_layer_tokens += n * int(k)
         else:
             self.forwards += 1
             self.tokens += n
