@@ -3,11 +3,13 @@
 The :class:`Runner` interleaves :class:`~playground.engine.Run` objects one decoder step at
 a time. Which lane steps next is a *policy*:
 
-- ``"forwards"`` (default): the lane that has used the fewest target forward passes, ties
-  by lane order — lanes race at equal compute, so a speculative lane that commits four
-  tokens per forward visibly pulls ahead of greedy;
+- ``"forwards"`` (default, "equal target forwards"): the lane that has used the fewest
+  target forward passes, ties by lane order;
+- ``"cost"`` (equal cost, under the cost model of :mod:`playground.policies`) and ``"wall"``
+  (equal time spent in the lane's own steps);
 - ``"steps"``: the lane that has taken the fewest steps (equal steps);
 - ``"free"``: plain round robin over the lanes still running.
+The policies themselves live in :mod:`playground.policies`.
 
 :meth:`Runner.stream` yields a list of lane snapshots (trace dicts as
 :meth:`Run.snapshot` makes them) at most ``rate`` times per second, plus one final list
@@ -33,12 +35,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from playground import policies
 from playground.errors import PlaygroundError
 from playground.trace import SCHEMA
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("forwards", "steps", "free")
+POLICIES = policies.NAMES
 
 
 def error_trace(message: str, decoder: str = "", model: str = "", prompt: str = "",
@@ -77,6 +80,7 @@ class Lane:
     label: str = ""
     stub: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
+    busy_s: float = 0.0
     prepare: Callable[[], Any] | None = None
     _final: dict[str, Any] | None = None
 
@@ -169,13 +173,16 @@ class Runner:
     """
 
     def __init__(self, lanes: list[Any], policy: str = "forwards", rate: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, abandon_after: float = 60.0) -> None:
+                 clock: Callable[[], float] = time.monotonic, abandon_after: float = 60.0,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         if policy not in POLICIES:
             raise PlaygroundError(f"unknown lockstep policy {policy!r}; use one of {', '.join(POLICIES)}")
         if not lanes:
             raise PlaygroundError("a comparison needs at least one lane")
         self.lanes = [x if isinstance(x, Lane) else Lane(run=x) for x in lanes]
         self.policy = policy
+        self._policy = policies.Policy(policy)
+        self.timer = timer  # times each lane's own steps (the "wall" policy); injectable for tests
         self.interval = 1.0 / rate if rate and rate > 0 else 0.0
         self.clock = clock
         self.abandon_after = abandon_after
@@ -219,13 +226,7 @@ class Runner:
         live = [k for k, lane in enumerate(self.lanes) if not lane.done and lane.run is not None]
         if not live:
             return None
-        if self.policy == "forwards":
-            return min(live, key=lambda k: (self.lanes[k].target_forwards, k))
-        if self.policy == "steps":
-            return min(live, key=lambda k: (self.lanes[k].steps, k))
-        after = [k for k in live if k > self._rr]
-        self._rr = after[0] if after else live[0]
-        return self._rr
+        return self._policy.pick(self.lanes, live)
 
     def step(self) -> int | None:
         """Advance the chosen lane by one step; return its index (None when none can step)."""
@@ -236,8 +237,9 @@ class Runner:
         if k is None:
             return None
         lane = self.lanes[k]
+        step, t0 = None, self.timer()
         try:
-            lane.run.step()
+            step = lane.run.step()
         except PlaygroundError as e:
             lane.error = str(e)
         except Exception as e:  # noqa: BLE001 - a bug in one decoder must not end the others
@@ -247,6 +249,7 @@ class Runner:
             if not lane.run.done:
                 lane.run._close("error")  # close the trace so what it made is kept
         lane.steps += 1
+        self._policy.charge(self.lanes, k, step, self.timer() - t0)
         return k
 
     def _stop_all(self) -> None:

@@ -82,7 +82,7 @@ def test_free_policy_is_round_robin_and_skips_finished_lanes():
 
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(PlaygroundError, match="policy"):
-        Runner([FakeRun("a", 1, 1, [])], policy="wall")
+        Runner([FakeRun("a", 1, 1, [])], policy="fastest")
 
 
 def test_cancel_stops_every_lane_within_one_step_and_keeps_output():
