@@ -18,8 +18,9 @@ from visualizers._common import html_token, ints, num, steps_of, token_text, vis
 from visualizers.canvas import commit_state, canvas_of, denoise_steps, is_masked, mask_id_of, MASK_GLYPH
 from visualizers.dist import chosen_probs
 from visualizers.tree import accepted_ids, trace_figures, tree_nodes
+from visualizers.watermark import GREEN_BG, RED_BG
 
-METRICS = ("probability", "entropy", "acceptance", "unmask_step", "none")
+METRICS = ("probability", "entropy", "acceptance", "unmask_step", "watermark", "none")
 ENTROPY_MAX = 5.0  # nats at which the entropy colour saturates (fixed, so colours don't shift live)
 # Probability is coloured on a log scale from p = 1 (faint) to PROB_FLOOR (full): a small
 # model gives most chosen tokens p < 0.3, which a linear scale painted almost uniformly dark.
@@ -45,6 +46,7 @@ class TokenRec:
     entropy: float | None = None
     accept: str = "target"
     masked: bool = False
+    green: bool | None = None  # watermark: in its green list (None: not a watermarked or scored token)
 
 
 def _is_done(trace: dict[str, Any]) -> bool:
@@ -66,6 +68,9 @@ def _step_records(trace: dict[str, Any], s: dict[str, Any]) -> list[TokenRec]:
         for r in recs:
             if r.id == d.get("chosen"):
                 r.prob, r.final, r.entropy = raw, fin, num(d.get("entropy"))
+        wm = s.get("watermark")
+        if isinstance(wm, dict) and isinstance(wm.get("green"), bool) and recs:
+            recs[0].green = wm["green"]
     elif kind == "draft" and isinstance(s.get("tree"), dict):
         tree = s["tree"]
         by_id = {n["id"]: n for n in tree_nodes(tree)}
@@ -182,6 +187,8 @@ def _background(metric: str, r: TokenRec, nsteps: int) -> str:
         return _ACCEPT_BG.get(r.accept, "")
     if metric == "unmask_step":
         return _mix(_STEP_STOPS, r.step / max(nsteps - 1, 1), 0.45)
+    if metric == "watermark" and r.green is not None:
+        return GREEN_BG if r.green else RED_BG
     return ""
 
 
@@ -196,6 +203,8 @@ def _title(r: TokenRec, diffusion: bool) -> str:
         parts.append(f"final p {r.final:.3f}")
     if r.entropy is not None:
         parts.append(f"entropy {r.entropy:.2f} nats")
+    if r.green is not None:
+        parts.append("watermark: green" if r.green else "watermark: red")
     if not diffusion and r.accept != "target":
         parts.append(_ACCEPT_LABEL.get(r.accept, r.accept))
     return " · ".join(parts)
@@ -204,7 +213,7 @@ def _title(r: TokenRec, diffusion: bool) -> str:
 def tokens_html(trace: dict[str, Any], metric: str, lane: int = 0, upto_step: int | None = None) -> str:
     """The output of one lane as HTML, tokens coloured by ``metric``.
 
-    ``metric`` is one of probability, entropy, acceptance, unmask_step, none (anything
+    ``metric`` is one of probability, entropy, acceptance, unmask_step, watermark, none (anything
     else counts as none). Diffusion traces render the canvas of the last (or
     ``upto_step``) denoise step with masks visible. ``upto_step`` limits the output to
     what steps up to that index produced and outlines that step's tokens.
@@ -266,6 +275,9 @@ def legend_html(metric: str) -> str:
     elif metric == "acceptance":
         body = "".join(swatch(_ACCEPT_BG[k] or "transparent;border:1px solid rgba(128,128,128,0.5)", _ACCEPT_LABEL[k])
                        for k in ("accepted", "correction", "bonus", "target"))
+    elif metric == "watermark":
+        body = (swatch(GREEN_BG, "in its green list") + swatch(RED_BG, "not in it")
+                + '<span style="opacity:0.75">uncoloured: not scored (too little context, or no watermark)</span>')
     elif metric == "unmask_step":
         stops = ",".join(_mix(_STEP_STOPS, x / 4, 0.6) for x in range(5))
         body = ramp(f"linear-gradient(90deg,{stops})", "first step", "last step",

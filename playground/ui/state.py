@@ -26,7 +26,7 @@ POLICY_CHOICES = [("equal compute (fewest target forwards steps next)", "forward
                   ("equal steps", "steps"), ("free running (round robin)", "free")]
 METRIC_CHOICES = [("auto", "auto"), ("probability", "probability"), ("entropy", "entropy"),
                   ("draft acceptance", "acceptance"), ("unmasking / commit step", "unmask_step"),
-                  ("none", "none")]
+                  ("watermark green / red", "watermark"), ("none", "none")]
 EXAMPLE_PROMPTS = [
     "ROMEO:\nBut soft, what light",
     "KING HENRY:\nOnce more unto the breach, dear friends,",
@@ -628,6 +628,8 @@ def auto_metric(trace: dict[str, Any], metric: str) -> str:
         return "unmask_step"
     if "draft" in kinds or "jacobi" in kinds:
         return "acceptance"
+    if any(isinstance(s, dict) and isinstance(s.get("watermark"), dict) for s in trace.get("steps") or []):
+        return "watermark"
     return "probability"
 
 
