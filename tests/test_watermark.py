@@ -240,3 +240,18 @@ def test_views_colour_tokens_and_draw_the_running_z():
     assert "Watermark z-score" in [t for t, _ in V.run_figures(tr)]
     # a trace without the evidence gets a note, not an error
     assert "no watermark evidence" in watermark_tokens_html({"steps": []}, 0)
+
+
+def test_lane_output_coloured_green_and_red():
+    import visualizers as V
+    from playground.ui import state as st
+    from visualizers.watermark import GREEN_BG, RED_BG
+
+    tr = playground.generate(model=MODEL, decoder="watermark", prompt=PROMPT, max_new_tokens=12, seed=6)
+    assert st.auto_metric(tr, "auto") == "watermark"
+    assert st.auto_metric(playground.generate(model=MODEL, decoder="sample", prompt=PROMPT, max_new_tokens=2),
+                          "auto") == "probability"
+    html = V.tokens_html(tr, "watermark")
+    greens = [s["watermark"]["green"] for s in tr["steps"]]
+    assert html.count(GREEN_BG) == greens.count(True) and html.count(RED_BG) == greens.count(False)
+    assert "watermark" in V.legend_html("watermark") or "green list" in V.legend_html("watermark")
