@@ -48,7 +48,9 @@ def _fixed_table(key: int) -> torch.Tensor:
     return torch.randperm(TABLE_SIZE, generator=g)
 
 
-@lru_cache(maxsize=256)
+# Green lists repeat (the same previous token, the same candidate); a big vocabulary's list is
+# ~V/4 int64s, so the cache stays small.
+@lru_cache(maxsize=64)
 def _greenlist(seed: int, vocab_size: int, size: int) -> torch.Tensor:
     """The first ``size`` ids of ``randperm(vocab_size)`` under a generator seeded ``seed``."""
     g = torch.Generator(device="cpu")
