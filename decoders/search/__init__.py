@@ -16,10 +16,11 @@ from decoders.search.beam import Beam, DiverseBeam
 from decoders.search.best_first import BestFirstBeam
 from decoders.search.best_of_n import BestOfN
 from decoders.search.mbr import MBR, ngram_f1
+from decoders.search.rollouts import CNTP, AdaDec
 from decoders.search.uid_beam import UidBeam
 
 __all__ = [
-    "Arithmetic", "BatchState", "Beam", "BeamGroup", "BestFirstBeam", "BestOfN", "DiverseBeam", "Hyp", "MBR", "Samples",
+    "AdaDec", "Arithmetic", "BatchState", "CNTP", "Beam", "BeamGroup", "BestFirstBeam", "BestOfN", "DiverseBeam", "Hyp", "MBR", "Samples",
     "arithmetic_codes", "cdf_interval", "finish_reason_of", "group_beam_search", "hits_stop", "iid_chooser",
     "length_normalised", "ngram_f1", "parallel_samples", "UidBeam",
 ]
