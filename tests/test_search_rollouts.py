@@ -11,7 +11,6 @@ import torch
 
 from decoders.search.rollouts import ends_clause
 from playground.engine import prepare
-from playground.models import handle_from_model
 from test_collab import untied_llama
 
 PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo", "To be, or not to be"]
