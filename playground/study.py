@@ -404,10 +404,14 @@ def _run_study(args: argparse.Namespace, where: Ranks) -> None:
     if where.world > 1 and os.path.exists(args.out):
         with Store(args.out) as merged:  # prompts an earlier, merged run already did
             done |= stored_keys(merged, fp)
+    if os.path.exists(path) or where.world == 1:
+        with Store(path) as store:
+            done |= stored_keys(store, fp)
+    todo = [m for m in mine if m[1] not in done]
+    if not todo:
+        return  # nothing left for this rank: no (empty) shard is created
     with Store(path) as store:
-        done |= stored_keys(store, fp)
-        todo = [m for m in mine if m[1] not in done]
-        scorer = load_model(args.scorer, **load_kwargs) if todo else None
+        scorer = load_model(args.scorer, **load_kwargs)
         bar = _progress(len(mine), len(mine) - len(todo), where, args.no_progress)
         try:
             for index, key, text in todo:

@@ -190,3 +190,31 @@ def test_bundled_prompt_set_is_scene_openings_from_the_held_out_split():
     for rec in shipped:
         assert any(rec["prompt"].strip() in v for v in val)
         assert not any(rec["prompt"].strip() in t for t in train)
+
+
+def test_shards_resume_and_merge_exactly_once(one_process, tmp_path):
+    """Two ranks simulated in this process: each writes its own shard (every other prompt); a
+    rank run again resumes its shard; the merge adds each prompt once, and again adds nothing."""
+    import argparse
+
+    from playground.study import Ranks, _run_study, add_arguments, merge, shard_path
+
+    ref_out, _, tmp = one_process
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = str(tmp_path / "s.db")
+    args = parser.parse_args(["--prompts", str(_prompts(tmp, 4)), *ARGS, "--out", out])
+    for rank in (0, 1, 1):  # rank 1 "restarted": its shard is complete, nothing runs twice
+        _run_study(args, Ranks(rank=rank, world=2))
+    shards = [_by_key(Path(shard_path(out, r, 2))) for r in (0, 1)]
+    keys = [k for k, _ in read_prompts(tmp / "prompts4.jsonl")]
+    assert sorted(shards[0]) == sorted(keys[0::2]) and sorted(shards[1]) == sorted(keys[1::2])
+    assert merge(out, 2) == 4 and not list(tmp_path.glob("s.db.rank*"))
+    assert merge(out, 2) == 0
+    merged, one = _by_key(Path(out)), _by_key(ref_out)
+    assert sorted(merged) == sorted(keys)
+    for key in keys:
+        assert [r["output_ids"] for r in merged[key]] == [r["output_ids"] for r in one[key]]
+    # a later run of a rank finds its prompts in the merged store and runs nothing
+    _run_study(args, Ranks(rank=0, world=2))
+    assert not os.path.exists(shard_path(out, 0, 2))
