@@ -16,7 +16,7 @@ from playground.errors import Cancelled, PlaygroundError
 from playground.models import ModelHandle, load_model, token_pieces
 from playground.models.chat import check_chat
 from playground.settings import limits
-from playground.trace import Step, Trace, TraceRecorder, committed_count
+from playground.trace import Step, Trace, TraceRecorder, committed_count, token_id_keys
 
 
 class Run:
@@ -111,21 +111,21 @@ class Run:
         return self.trace
 
 
-def _ids_in(d: Any, out: set[int], key: str = "") -> None:
-    """Collect every token id a trace dict mentions (ids, tokens, canvases, trees, beams)."""
+def _ids_in(d: Any, out: set[int], keys: frozenset[str], key: str = "") -> None:
+    """Collect every token id a trace dict mentions under one of ``keys`` (ids, tokens,
+    canvases, trees, beams: the keys the step kinds declare, :func:`playground.trace.token_id_keys`)."""
     if isinstance(d, dict):
         for k, v in d.items():
-            if k in ("top_ids", "committed", "prompt_ids", "output_ids", "canvas", "ids", "guess",
-                     "accepted_tokens", "samples", "predicted") or k in ("token", "chosen", "correction"):
-                _ids_in(v, out, "ids")
+            if k in keys:
+                _ids_in(v, out, keys, "ids")
             elif isinstance(v, (dict, list)) and k not in ("tokens", "pieces"):
-                _ids_in(v, out, "")
+                _ids_in(v, out, keys, "")
     elif isinstance(d, list):
         for v in d:
             if key == "ids" and isinstance(v, int) and not isinstance(v, bool):
                 out.add(v)
             elif isinstance(v, (dict, list)):
-                _ids_in(v, out, key)
+                _ids_in(v, out, keys, key)
     elif key == "ids" and isinstance(d, int) and not isinstance(d, bool):
         out.add(d)
 
@@ -135,7 +135,7 @@ def token_texts(view: Any, trace_dict: dict[str, Any]) -> dict[str, str]:
     from decoders.ar import view_token
 
     ids: set[int] = set()
-    _ids_in(trace_dict, ids)
+    _ids_in(trace_dict, ids, token_id_keys())
     return {str(i): view_token(view, i) for i in sorted(ids) if 0 <= i < 10**8}
 
 
