@@ -28,12 +28,12 @@ METRIC_CHOICES = [("auto", "auto"), ("probability", "probability"), ("entropy", 
                   ("draft acceptance", "acceptance"), ("unmasking / commit step", "unmask_step"),
                   ("watermark green / red", "watermark"), ("none", "none")]
 EXAMPLE_PROMPTS = [
-    "ROMEO:\nBut soft, what light",
-    "KING HENRY:\nOnce more unto the breach, dear friends,",
-    "HAMLET:\nTo be, or not to be:",
-    "First Citizen:\nBefore we proceed any further, hear me speak.",
-    "JULIET:\nO Romeo, Romeo!",
-    "MACBETH:\nIs this a dagger which I see before me,",
+    "Romeo.\nBut soft! what light through yonder window breaks?\n",
+    "KING HENRY.\nOnce more unto the breach, dear friends, once more,\n",
+    "Ham.\nTo be, or not to be,--that is the question:--\n",
+    "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n",
+    "Juliet.\nO Romeo, Romeo! wherefore art thou Romeo?\n",
+    "MACBETH.\nIs this a dagger which I see before me,\n",
 ]
 
 
