@@ -2,7 +2,9 @@
 
 The page calls :func:`step_figures` (the plots of one step, chosen by the step's kind),
 :func:`run_figures` (whole-run plots), :func:`step_count`, and the token/compare
-functions; so a new trace kind plugs in here without changes to the UI. Every function
+functions; so a new trace kind plugs in here without changes to the UI. A visualizer module
+registers its own plots with :func:`step_plot` / :func:`run_plot` (decorators); every module of
+this package is imported at the end of this file, so a new one needs no list entry. Every function
 accepts an empty or partial trace (a live snapshot with no steps yet, a trace missing an
 optional field) and returns a figure with a note instead of raising. None of them
 touches a model: a stored trace replays with every plot.
@@ -12,8 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
+import importlib
+import pkgutil
+
 import plotly.graph_objects as go
 
+from playground.trace import STEP_KINDS
 from visualizers._common import empty_figure, kinds_in, pick_step, steps_of
 from visualizers.beam import beam_tree_figure
 from visualizers.canvas import canvas_html, commits_per_step_figure, position_metrics_figure, unmask_heatmap
@@ -25,8 +31,10 @@ from visualizers.forced import forced_figure
 from visualizers.guided import constraint_figure, constraint_run_figure
 from visualizers.jacobi import jacobi_grid_figure
 from visualizers.lens import lens_figure, lens_run_figure
+from visualizers.search import (draft_canvas_html, frontier_figure, handover_figure, mbr_figure, surprisal_figure,
+                                trials_figure)
 from visualizers.smc import ess_figure, particles_figure
-from visualizers.tokens import legend_html, stats_line, tokens_html
+from visualizers.tokens import METRICS, legend_html, stats_line, tokens_html
 from visualizers.tree import accepted_length_histogram, acceptance_timeline, draft_tree_figure
 from visualizers.watermark import watermark_tokens_html, watermark_z_figure
 
@@ -41,12 +49,15 @@ STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot], str
               ("Candidates", candidates_html, "candidates"),
               ("Logit lens", lens_figure, "lens"),
               ("Watermark", watermark_tokens_html, "watermark"),
-              ("Constraint", constraint_figure, "constraint")],
-    "draft": [("Draft tree", draft_tree_figure, None), ("Correction distribution", distribution_figure, "correction_dist"),
+              ("Constraint", constraint_figure, "constraint"),
+              ("Rollouts", trials_figure, "trials")],
+    "draft": [("Draft tree", draft_tree_figure, None), ("Diffusion draft canvas", draft_canvas_html, "draft_canvas"),
+              ("Correction distribution", distribution_figure, "correction_dist"),
               ("Constraint", constraint_figure, "constraint")],
     "denoise": [("Canvas", canvas_html, None), ("Per-position metrics", position_metrics_figure, None)],
     "beam": [("Beam tree", beam_tree_figure, None), ("Particles", particles_figure, "smc"),
-             ("Constraint", constraint_figure, "constraint")],
+             ("Constraint", constraint_figure, "constraint"), ("Frontier and pops", frontier_figure, "frontier"),
+             ("MBR utilities", mbr_figure, "mbr")],
     "jacobi": [("Jacobi grid", jacobi_grid_figure, None)],
 }
 MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
@@ -54,7 +65,7 @@ MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
 # shows and more: the paired distributions' first row is the model's own distribution.
 YIELDS_TO = {"Distribution": "Paired distributions"}
 # Plot functions that return HTML (their fallback on a bug is an HTML note, not a figure).
-HTML_PLOTS: set[Callable[..., Any]] = {canvas_html, candidates_html, watermark_tokens_html}
+HTML_PLOTS: set[Callable[..., Any]] = {canvas_html, candidates_html, watermark_tokens_html, draft_canvas_html}
 MAX_RUN_PLOTS = 4  # ... and this many for whole-run plots
 
 # Whole-run plots, by the step kinds a trace contains.
@@ -71,6 +82,8 @@ RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figu
     "contrast": [("Chosen token's rank", contrast_run_figure)],
     "dola": [("Premature layer per step", dola_run_figure)],
     "lens": [("Logit lens over the run", lens_run_figure)],
+    "uid": [("Surprisal curve", surprisal_figure)],
+    "handover": [("Who wrote each token", handover_figure)],
     "watermark": [("Watermark z-score", watermark_z_figure)],
     "smc": [("Effective sample size", ess_figure)],
     "forced": [("Forced tokens", forced_figure)],
@@ -82,6 +95,72 @@ RUN_EVIDENCE_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any]], go.Figu
 COMPARE_PLOTS: list[tuple[str, Callable[[list[dict[str, Any]]], go.Figure]]] = [
     ("Divergence between lanes", divergence_figure),
 ]
+
+
+# The token colouring a lane gets under "auto", by the step kinds its trace holds (first match).
+KIND_METRICS: dict[str, str] = {"denoise": "unmask_step", "draft": "acceptance", "jacobi": "acceptance"}
+
+
+def _known_kind(kind: str) -> str:
+    if kind not in STEP_KINDS:
+        raise ValueError(f"unknown step kind {kind!r}: declare it first (playground.trace.declare_step_kind)")
+    return kind
+
+
+def step_plot(kind: str, title: str, *, needs: str | None = None, html: bool = False,
+              metric: str | None = None) -> Callable[[Callable[..., Plot]], Callable[..., Plot]]:
+    """Decorator: draw ``fn(trace, step)`` for steps of ``kind`` (only steps carrying evidence
+    ``needs``, when given). ``html``: it returns HTML, not a figure. ``metric``: the token
+    colouring (one of ``visualizers.tokens.METRICS``) that suits lanes with steps of this kind."""
+    _known_kind(kind)
+    if metric is not None and metric not in METRICS:
+        raise ValueError(f"unknown token metric {metric!r}; one of {', '.join(METRICS)}")
+
+    def add(fn: Callable[..., Plot]) -> Callable[..., Plot]:
+        STEP_PLOTS.setdefault(kind, []).append((title, fn, needs))
+        if html:
+            HTML_PLOTS.add(fn)
+        if metric is not None:
+            KIND_METRICS.setdefault(kind, metric)
+        return fn
+
+    return add
+
+
+def run_plot(title: str, *, kind: str | None = None, evidence: str | None = None,
+             ) -> Callable[[Callable[[dict[str, Any]], go.Figure]], Callable[[dict[str, Any]], go.Figure]]:
+    """Decorator: draw ``fn(trace)`` once per run, for traces with steps of ``kind`` or with
+    some step carrying evidence field ``evidence`` (exactly one of the two)."""
+    if (kind is None) == (evidence is None):
+        raise ValueError("a run plot is registered for a step kind or for an evidence field, not both")
+    if kind is not None:
+        _known_kind(kind)
+
+    def add(fn: Callable[[dict[str, Any]], go.Figure]) -> Callable[[dict[str, Any]], go.Figure]:
+        table = RUN_PLOTS if kind is not None else RUN_EVIDENCE_PLOTS
+        table.setdefault(str(kind if kind is not None else evidence), []).append((title, fn))
+        return fn
+
+    return add
+
+
+def unregister(fn: Callable[..., Any]) -> None:
+    """Remove a plot function from every table (for tests that register one of their own)."""
+    for table in (STEP_PLOTS, RUN_PLOTS, RUN_EVIDENCE_PLOTS):
+        for key in list(table):
+            table[key] = [entry for entry in table[key] if entry[1] is not fn]
+            if not table[key]:
+                del table[key]
+    HTML_PLOTS.discard(fn)
+
+
+def auto_metric(trace: dict[str, Any], metric: str = "auto") -> str:
+    """The token colouring for a lane: ``metric``, or under ``auto`` the one its step kinds suit
+    (:data:`KIND_METRICS`, first match), else the probability of each token."""
+    if metric != "auto":
+        return metric
+    kinds = set(kinds_in(trace))
+    return next((m for k, m in KIND_METRICS.items() if k in kinds), "probability")
 
 
 def step_count(trace: dict[str, Any]) -> int:
@@ -149,8 +228,18 @@ def run_figures(trace: dict[str, Any]) -> list[tuple[str, go.Figure]]:
     return out[:MAX_RUN_PLOTS] or [("Run", empty_figure("no whole-run plot for this trace", "Run"))]
 
 
+def _import_modules() -> None:
+    """Import every visualizer module, so one that registers its plots needs no list entry."""
+    for info in pkgutil.iter_modules(__path__, prefix=__name__ + "."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            importlib.import_module(info.name)
+
+
+_import_modules()
+
 __all__ = [
-    "STEP_PLOTS", "RUN_PLOTS", "COMPARE_PLOTS", "divergence_figure", "forced_figure", "step_count", "step_figures", "run_figures",
+    "STEP_PLOTS", "RUN_PLOTS", "RUN_EVIDENCE_PLOTS", "KIND_METRICS", "COMPARE_PLOTS", "step_plot", "run_plot",
+    "unregister", "auto_metric", "divergence_figure", "forced_figure", "step_count", "step_figures", "run_figures",
     "tokens_html", "legend_html", "stats_line",
     "distribution_figure", "timeline_figure",
     "draft_tree_figure", "accepted_length_histogram", "acceptance_timeline",
