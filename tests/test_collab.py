@@ -68,7 +68,7 @@ def test_ead_limits(large, small, prompt):
 
 
 def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(large, small):
-    entropies = [s.evidence["small_entropy"] for s in run(large, "ead", PROMPTS[0], 16,
+    entropies = [s.evidence["handover"]["small_entropy"] for s in run(large, "ead", PROMPTS[0], 16,
                                                           {"entropy_threshold": 100.0}, draft=small).steps]
     thr = sorted(entropies)[len(entropies) // 2]  # about half the positions trigger
     span = 3
@@ -77,7 +77,7 @@ def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(large, 
     left = 0
     sources = set()
     for s in trace.steps:
-        ev = s.evidence
+        ev = s.evidence["handover"]
         tok = s.committed[0]
         if left == 0:
             assert ev.get("trigger", False) == (ev["rolling_entropy"] > thr)
@@ -87,7 +87,7 @@ def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(large, 
         assert ev["source"] == expect
         sources.add(expect)
         assert tok == next_argmax(large if left else small, ids)
-        assert ev["dist"]["chosen"] == tok
+        assert s.evidence["dist"]["chosen"] == tok and s.evidence["source"] == ev["source"]
         left = max(0, left - 1)
         ids.append(tok)
     assert sources == {"small", "large"}
@@ -99,10 +99,10 @@ def test_ead_hands_over_for_a_span_and_every_token_is_its_writers_greedy(large, 
 
 def test_ead_rolling_window_averages_the_small_models_entropy(large, small):
     trace = run(large, "ead", PROMPTS[1], 10, {"entropy_threshold": 100.0, "window": 3}, draft=small)
-    hs = [s.evidence["small_entropy"] for s in trace.steps]
+    hs = [s.evidence["handover"]["small_entropy"] for s in trace.steps]
     for i, s in enumerate(trace.steps):
         recent = hs[max(0, i - 2): i + 1]
-        assert s.evidence["rolling_entropy"] == pytest.approx(sum(recent) / len(recent), abs=1e-4)
+        assert s.evidence["handover"]["rolling_entropy"] == pytest.approx(sum(recent) / len(recent), abs=1e-4)
 
 
 # ---------------------------------------------------------------------- speculative cascades

@@ -24,8 +24,9 @@ class EAD(Decoder):
     ``span`` tokens greedily; then the small model resumes with an empty window. Each model
     reads what the other wrote in one forward when its turn comes (its KV cache catches up),
     so the large model runs only inside spans. Every step is a token step from the model
-    that wrote it, with ``source`` (``small``/``large``), the small model's entropy and the
-    rolling mean, and ``trigger`` where a hand-over began; ``stats.small_share`` is the share
+    that wrote it, with ``source`` (``small``/``large``) and ``handover`` (the source, the
+    small model's entropy and rolling mean where it was asked, ``trigger`` where a hand-over
+    began); ``stats.small_share`` is the share
     of tokens the small model wrote. A threshold above any entropy gives the small model's
     greedy text, a threshold of 0 the large model's. Simplifies: greedy only (no sampling in
     either model) and a fixed span instead of the paper's learned schedules.
@@ -67,7 +68,7 @@ class EAD(Decoder):
                 h = entropy_nats(s_logits)
                 recent = (recent + [h])[-window:]
                 rolling = sum(recent) / len(recent)
-                ev.update(small_entropy=round(h, 5), rolling_entropy=round(rolling, 5))
+                ev.update(small_entropy=round(h, 5), rolling_entropy=round(rolling, 5), threshold=thr)
                 if rolling > thr:
                     large_left, recent = span, []
                     triggers += 1
@@ -86,7 +87,7 @@ class EAD(Decoder):
             self.extra_stats.update(small_tokens=n_small, large_tokens=len(out) - n_small,
                                     small_share=share(n_small, len(out)), triggers=triggers)
             yield Step("token", [tok], dist=dist_evidence(view, logits, probs, tok, ctx.top_k_evidence),
-                       source=source, **ev)
+                       source=source, handover={"source": source, **ev})
             reason = check_stop(ctx, out, ctx.target.decode)
             if reason:
                 self.finish_reason = reason
