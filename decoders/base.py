@@ -316,6 +316,50 @@ def register(cls: type[Decoder]) -> type[Decoder]:
     return cls
 
 
+@dataclass(frozen=True)
+class Family:
+    """A decoder family as the catalogue presents it: its section ``title``, a ``primer`` (what its
+    plots show, which decoder when, the knobs that matter) and ``shows`` (what its steps record
+    beyond their step kind's evidence: a clause starting with "; ", or empty)."""
+
+    name: str
+    title: str
+    primer: str = ""
+    shows: str = ""
+
+
+# Families declared by their own module (declare_family). The built-in families' titles and
+# primers are prose in playground/catalogue.py; a family declared nowhere is titled by its name.
+FAMILY_INFO: dict[str, Family] = {}
+
+
+def declare_family(name: str, title: str, primer: str = "", shows: str = "") -> Family:
+    """Give a family its catalogue title and primer (from the family's own module); the same
+    declaration twice is a no-op, a different one a ValueError."""
+    fam = Family(str(name), str(title), str(primer), str(shows))
+    if not fam.name or not fam.title:
+        raise ValueError("a family needs a name and a title")
+    if FAMILY_INFO.get(fam.name, fam) != fam:
+        raise ValueError(f"family {fam.name!r} is already declared differently")
+    FAMILY_INFO[fam.name] = fam
+    return fam
+
+
+def forget_family(name: str) -> None:
+    """Remove a declared family (for tests that declare one of their own)."""
+    FAMILY_INFO.pop(name, None)
+
+
+def family_of(name: str) -> Family:
+    """The declared family ``name``, or one titled by its name."""
+    return FAMILY_INFO.get(name) or Family(name, name.title())
+
+
+def unregister(name: str) -> None:
+    """Remove decoder ``name`` from the registry (for tests that register one of their own)."""
+    REGISTRY.pop(name, None)
+
+
 def get_decoder(name: str) -> type[Decoder]:
     """The decoder class registered as ``name``, or a PlaygroundError naming the choices."""
     import decoders  # noqa: F401 - importing the package registers every family
@@ -344,6 +388,7 @@ def check_stop(ctx: Context, output: list[int], decode: Any = None) -> str | Non
 
 
 __all__ = [
-    "Bool", "Cancelled", "Choice", "Context", "Decoder", "Float", "Int", "Param", "Params",
-    "PlaygroundError", "REGISTRY", "Text", "all_decoders", "check_stop", "get_decoder", "lens_param", "register",
+    "Bool", "Cancelled", "Choice", "Context", "Decoder", "FAMILY_INFO", "Family", "Float", "Int", "Param", "Params",
+    "PlaygroundError", "REGISTRY", "Text", "all_decoders", "check_stop", "declare_family", "family_of", "forget_family", "get_decoder",
+    "lens_param", "register", "unregister",
 ]
