@@ -14,15 +14,15 @@ import itertools
 import pytest
 import torch
 
-from decoders.base import get_decoder
+from decoders.base import all_decoders, get_decoder
 from decoders.speculative._verify import (ROOT, Rule, Tree, select_cache, tree_inputs, verify_group)
 from playground.engine import prepare
 from playground.errors import PlaygroundError
 from playground.models import handle_from_model
 
-LOSSLESS = ["speculative", "spec_tree", "prompt_lookup", "ngram_adaptive", "token_recycling",
-            "jacobi", "lookahead", "layer_skip", "mask_probe"]
-GREEDY_ONLY = {"jacobi", "lookahead"}
+# From the registry, so a new lossless speculative decoder is tested without a list entry.
+LOSSLESS = sorted(c.name for c in all_decoders() if c.family == "speculative" and c.lossless)
+GREEDY_ONLY = {n for n in LOSSLESS if "temperature" not in get_decoder(n).params}  # no sampling to test
 PROMPTS = [
     "ROMEO: But soft",
     "JULIET: O Romeo, Romeo, wherefore art thou",

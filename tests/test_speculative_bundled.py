@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 
 from playground.engine import prepare
+from test_speculative import LOSSLESS  # derived from the registry there
 
 pytestmark = pytest.mark.slow
 
-LOSSLESS = ["speculative", "spec_tree", "prompt_lookup", "ngram_adaptive", "token_recycling",
-            "jacobi", "lookahead", "layer_skip", "mask_probe"]
 PROMPTS = [
     "ROMEO:\nBut soft, what light through yonder window breaks?",
     "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n",
