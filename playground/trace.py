@@ -71,7 +71,7 @@ def token_id_keys() -> frozenset[str]:
     return frozenset(BASE_ID_KEYS).union(*(k.id_keys for k in STEP_KINDS.values()))
 
 
-FINISH_REASONS = ("length", "stop", "eos", "cancelled", "error")
+FINISH_REASONS = ("length", "stop", "eos", "constraint", "cancelled", "error")
 TRACE_FIELDS = (
     "schema", "model", "decoder", "params", "seed", "prompt", "prompt_ids",
     "output_ids", "text", "stats", "steps",
