@@ -12,12 +12,15 @@ A race is only as honest as what it charges. Five policies, each named by what i
   counted).
 - ``"steps"`` — equal steps; ``"free"`` — round robin.
 
-Ties go to lane order.
+Ties go to lane order. Each step is stamped with what its lane has spent so far — ``own_s``
+(seconds in its own steps) always, ``race_cost`` under ``"cost"`` — which the progress strip
+plots on its x axis for those policies.
 
 The cost model
 --------------
 Cost is counted in **target-token units**: one unit is the price of one token position
-processed by the race's reference model (lane 1's target) in a forward pass. A lane pays
+processed by the race's reference model (the target of the first lane ready to step — lane
+1's, or the page model, whenever the lanes share it) in a forward pass. A lane pays
 
     cost = Σ over the models it ran:  tokens processed by that model × rate(model) / rate(reference)
 
@@ -35,6 +38,7 @@ processed by the race's reference model (lane 1's target) in a forward pass. A l
 This is a compute model (what the passes would cost if every position were paid for), not a
 latency model: on a GPU a verification over five positions takes about as long as a pass
 over one, which the ``"wall"`` policy shows and the cost model deliberately does not.
+Forwards of models a decoder holds outside its ``target``/``draft`` views are not charged.
 """
 
 from __future__ import annotations
