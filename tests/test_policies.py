@@ -149,6 +149,16 @@ def test_cost_policy_stamps_steps_with_cost_and_own_time(llama_handle):
         assert costs == sorted(costs) and costs[-1] == pytest.approx(tr["stats"]["target_tokens_processed"])
         own = [s["own_s"] for s in tr["steps"]]
         assert own == sorted(own) and own[-1] > 0
+    # the progress strip counts what the race equalised, and says so on its axis
+    from visualizers.compare import progress_figure
+
+    fig = progress_figure(traces, x="cost")
+    assert fig.layout.xaxis.title.text == policies.AXES["cost"]
+    assert fig.layout.title.text.startswith("Progress at equal cost")
+    assert list(fig.data[0].x) == [0.0] + [s["race_cost"] for s in traces[0]["steps"]]
+    wall = progress_figure(traces, x="wall")
+    assert wall.layout.xaxis.title.text == policies.AXES["wall"]
+    assert list(wall.data[1].x) == [0.0] + [s["own_s"] for s in traces[1]["steps"]]
 
 
 def test_measured_rate_is_kept_per_model():

@@ -15,8 +15,22 @@ from visualizers.tokens import TokenRec, canvas_records, token_records
 
 _DASH = '<span style="opacity:0.6">–</span>'
 DASHES = ("dash", "dot", "dashdot", "longdash", "longdashdot")
+# x: (what a point's x is, the axis title); "cost" and "wall" read what the race's policy
+# stamped on each step (playground/policies.py: ``race_cost``, ``own_s``)
 X_AXES = {"forwards": ("target_forwards", "target forward passes"), "time": ("t", "seconds"),
-          "steps": ("i", "steps")}
+          "steps": ("i", "steps"), "cost": ("race_cost", "cost (target-token units)"),
+          "wall": ("own_s", "seconds in the lane's own steps")}
+TITLES = {"forwards": "Progress at equal target forwards", "cost": "Progress at equal cost",
+          "wall": "Progress at equal wall time", "steps": "Progress per step", "time": "Progress over time"}
+
+
+def stamped_x(trace: dict[str, Any], key: str) -> list[float]:
+    """``key`` (``race_cost``/``own_s``) after each step, from 0; a step without it keeps the last value."""
+    xs = [0.0]
+    for s in steps_of(trace):
+        v = num(s.get(key))
+        xs.append(v if v is not None else xs[-1])
+    return xs
 
 
 def lane_name(trace: Any, lane: int) -> str:
@@ -99,13 +113,14 @@ def end_labels(lines: list[list[tuple[Any, int]]], groups: list[list[int]]) -> l
 
 
 def progress_figure(traces: list[dict[str, Any]], x: str = "forwards") -> go.Figure:
-    """Tokens decided vs target forward passes (or seconds/steps), one line per lane,
-    with who is ahead at equal compute in the title.
+    """Tokens decided vs target forward passes (or what another lockstep policy counts:
+    ``x`` is ``"cost"``, ``"wall"``, ``"steps"`` or ``"time"``), one line per lane, with who
+    is ahead at equal target forwards in the subtitle.
 
     Lanes are numbered from 1, as the page's cards are. Each line ends in its lane number, so
     a line hidden under another still shows where it ends; lanes whose lines are identical
     are drawn dashed over the first one and named in a note."""
-    title = "Progress at equal compute"
+    title = TITLES.get(x, TITLES["forwards"])
     traces = [t for t in (traces or []) if isinstance(t, dict)]
     if not traces or not any(steps_of(t) for t in traces):
         return empty_figure("no steps yet", title)
@@ -115,7 +130,8 @@ def progress_figure(traces: list[dict[str, Any]], x: str = "forwards") -> go.Fig
     lines: list[list[tuple[Any, int]]] = []
     for lane, tr in enumerate(traces):
         pts = progress_points(tr)
-        xs = [p[0] if key == "target_forwards" else (p[1] if key == "t" else p[3] + 1) for p in pts]
+        xs = stamped_x(tr, key) if key in ("race_cost", "own_s") else \
+            [p[0] if key == "target_forwards" else (p[1] if key == "t" else p[3] + 1) for p in pts]
         finals.append(pts)
         lines.append(list(zip(xs, [p[2] for p in pts])))
     groups = coinciding(lines)
