@@ -63,6 +63,14 @@ def configs(g: int, block: int) -> list[tuple[str, str, dict[str, Any]]]:
         out.append((f"freedave draft={k}", "freedave", {**semi, "draft_size": k}))
     out.append((f"dream entropy steps={g // 2}, T=0.2 top_p=0.95 (Dream's defaults)", "dream",
                 {**semi, "steps": g // 2, "alg": "entropy"}))
+    # every other diffusion decoder in the registry at its defaults, on the same canvas, so a new
+    # one gets a row without a list entry
+    from decoders import all_decoders
+
+    swept = {dec for _label, dec, _knobs in out}
+    for c in all_decoders():
+        if c.family == "diffusion" and c.name not in swept:
+            out.append((f"{c.name} (defaults)", c.name, {k: v for k, v in semi.items() if k in c.params}))
     return out
 
 

@@ -40,19 +40,25 @@ PROMPTS: list[tuple[str, str]] = [
 ]
 QUICK = [0, 4, 8, 9]
 
-# (label, decoder, knobs, temperatures)
-CONFIGS: list[tuple[str, str, dict[str, Any], tuple[float, ...]]] = [
-    ("speculative", "speculative", {}, (0.0, 1.0)),
-    ("speculative γ=20", "speculative", {"gamma": 20}, (0.0, 1.0)),
-    ("spec_tree", "spec_tree", {}, (0.0, 1.0)),
-    ("prompt_lookup", "prompt_lookup", {}, (0.0, 1.0)),
-    ("ngram_adaptive", "ngram_adaptive", {}, (0.0, 1.0)),
-    ("token_recycling", "token_recycling", {}, (0.0, 1.0)),
-    ("jacobi", "jacobi", {}, (0.0,)),
-    ("lookahead", "lookahead", {}, (0.0,)),
-    ("layer_skip", "layer_skip", {}, (0.0, 1.0)),
-    ("mask_probe", "mask_probe", {}, (0.0, 1.0)),
-]
+# Rows beyond each decoder at its defaults: (label, knobs), after the decoder's own row.
+VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "speculative": [("speculative γ=20", {"gamma": 20})],
+}
+
+
+def configs() -> list[tuple[str, str, dict[str, Any], tuple[float, ...]]]:
+    """(label, decoder, knobs, temperatures) of every row: each decoder of the speculative family
+    in the registry at its defaults, then its :data:`VARIANTS`; at T=1 too where it samples (it has
+    a ``temperature`` knob). A new speculative decoder gets its row without a list entry."""
+    from decoders import all_decoders
+
+    out: list[tuple[str, str, dict[str, Any], tuple[float, ...]]] = []
+    for c in all_decoders():
+        if c.family != "speculative" or c.kind != "causal" or getattr(c, "draft_kind", "causal") != "causal":
+            continue
+        temps = (0.0, 1.0) if "temperature" in c.params else (0.0,)
+        out += [(label, c.name, knobs, temps) for label, knobs in [(c.name, {})] + VARIANTS.get(c.name, [])]
+    return out
 
 
 NOTES = """### Reading the numbers
@@ -199,12 +205,13 @@ def run_suite(args: argparse.Namespace) -> str:
     # Every method (ours and transformers') runs on a prompt before the next prompt starts, in an
     # order rotated per prompt and repetition, so a burst of load from other jobs hits all of them
     # alike; each keeps the fastest of its reps runs (same result, less scheduler noise).
+    rows_run = configs()
     best: dict[tuple[str, str, float], list[dict[str, Any] | None]] = {}
     load_start = _load()
     for temp in (0.0, 1.0):
         jobs: list[tuple[str, str, Callable[[str, int], dict[str, Any]]]] = [
             ("base", "", lambda p, i: _ours(target, draft, "greedy" if temp == 0 else "sample", p, n, temp, {}, i))]
-        for label, dec, knobs, temps in CONFIGS:
+        for label, dec, knobs, temps in rows_run:
             if temp in temps:
                 jobs.append(("ours", label, lambda p, i, dec=dec, knobs=knobs: _ours(target, draft, dec, p, n, temp,
                                                                                     knobs, i)))
@@ -252,7 +259,7 @@ def run_suite(args: argparse.Namespace) -> str:
                   "(per verification) | draft forwards | wall s | speedup | = greedy |",
                   "|---|---:|---:|---:|---:|---:|---:|:--:|",
                   f"| {'greedy' if temp == 0 else 'sample'} (baseline) | {b['tpf']:.2f} | | | 0 | {b['wall']:.2f} | 1.00× | |"]
-        for label, _dec, _k, temps in CONFIGS:
+        for label, _dec, _k, temps in rows_run:
             if temp not in temps:
                 continue
             rows = results[(label, temp)]
@@ -295,7 +302,7 @@ def run_suite(args: argparse.Namespace) -> str:
     # per prompt kind at T=0 (where lookup methods shine)
     lines += ["### Tokens per target forward by prompt kind (T=0)", "",
               "| decoder | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
-    for label, _dec, _k, temps in CONFIGS:
+    for label, _dec, _k, temps in rows_run:
         rows = results[(label, 0.0)]
         cells = [_agg([r for r, p in zip(rows, prompts) if p[0] == kd])["tpf"] for kd in kinds]
         lines.append(f"| {label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
