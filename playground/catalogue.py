@@ -342,6 +342,7 @@ def _family_order(fams: dict[str, list]) -> list[str]:
 def render() -> str:
     """The catalogue as markdown."""
     from decoders import all_decoders
+    from decoders.base import family_of
 
     classes = all_decoders()
     fams: dict[str, list] = {}
@@ -367,8 +368,9 @@ def render() -> str:
         out += [f"### {title}", "", sentence, ""] + _knob_table(shared) + [""]
 
     for fam in order:
-        out += [f"## {FAMILIES.get(fam, fam.title())}", ""]
-        primer = FAMILY_PRIMERS.get(fam)
+        declared = family_of(fam)  # a family's own module may declare its title and primer
+        out += [f"## {FAMILIES.get(fam, declared.title)}", ""]
+        primer = FAMILY_PRIMERS.get(fam, declared.primer)
         if primer:
             out += [primer, ""]
         for c in fams[fam]:
@@ -376,7 +378,7 @@ def render() -> str:
             doc = scrub(inspect.cleandoc(c.__doc__ or ""))
             kind = f"- model: `{c.kind}`" + (" — needs a draft model" if c.needs_draft else "") \
                 + (" — lossless (output distribution equals the target's)" if c.lossless else "")
-            shows = f"- steps: `{c.step_kind}` — {_shows(c.step_kind)}{FAMILY_SHOWS.get(c.family, '')}" \
+            shows = f"- steps: `{c.step_kind}` — {_shows(c.step_kind)}{FAMILY_SHOWS.get(c.family, family_of(c.family).shows)}" \
                 + "".join(v for k, v in KNOB_SHOWS.items() if k in spec["params"])
             out += [f"### {c.name}", "", f"*{scrub(spec['description'])}*", "",
                     f"- papers: {papers_markdown(c.name, c.reference)}", kind, shows]
