@@ -125,13 +125,17 @@ Search keeps several partial outputs (beams) per step and returns the best finis
 step is a **beam step**: its plot is the *Beam tree* (each beam's tokens, scores and parent,
 finished hypotheses marked) and the run plot the beams' scores. Sample-and-rank decoders
 (`best_of_n`, `mbr`, `arithmetic`) draw complete candidates and pick one; their last step shows
-the candidates and the scores that chose.
+the candidates and the scores that chose (*MBR utilities* for `mbr`). Uncertainty-triggered
+decoders (`cntp`, `adadec`) are greedy token steps until the model's entropy crosses a
+threshold, and there try several rollouts (*Rollouts*) and keep the most likely.
 
 **Which one:** `beam` (equal to transformers' `generate(num_beams=k)`) for the most probable
 output a fixed budget finds; `diverse_beam` when the beams all say the same thing;
-`uid_beam` to penalise uneven surprisal; `best_first_beam` for the same result with fewer
-expansions; `arithmetic` for diverse samples without duplicates; `best_of_n` and `mbr` to spend
-compute on choosing among samples (mbr picks the candidate that agrees most with the others).
+`uid_beam` to penalise uneven surprisal (*Surprisal curve*); `best_first_beam` for beam
+search's answer from a priority queue (*Frontier and pops*); `cntp` and `adadec` to spend
+search only where the model hesitates; `arithmetic` for diverse samples without duplicates;
+`best_of_n` and `mbr` to spend compute on choosing among samples (mbr picks the candidate that
+agrees most with the others).
 
 **Knobs that matter:** `num_beams` (cost grows with it), `length_penalty` (> 0 favours long
 outputs), `early_stopping`/`patience` (when the search counts as done), the number of candidates.""",
@@ -211,9 +215,11 @@ detector with the key recognises it.
 `watermark_gamma` and `watermark_delta` (detectability vs quality).""",
     "collab": """\
 Two models share the work: a small one writes where it can and a large one where it must, or a
-diffusion model drafts for a causal one. **Plots:** the draft tree (for the decoders that
-verify drafts) or the distribution with the model that produced each token; both models'
-forwards are counted.
+diffusion model drafts for a causal one. **Plots:** the *Draft tree* for the decoders that
+verify drafts (with the *Diffusion draft canvas* of `diffuspec`: its block after each
+denoising forward), and for `ead` the distribution of each step with *Who wrote each token*
+over the run (the small model's entropy against the threshold). Both models' forwards are
+counted.
 
 **Which one:** `diffuspec` (a masked-diffusion draft, verified losslessly); `spec_cascade`
 (speculative cascades: a deferral rule lets the small model's token stand when the large one
