@@ -99,7 +99,8 @@ def test_it_is_listed_by_the_cli_the_api_and_the_catalogue(tally, capsys):
     doc = render()
     assert f"### {NAME}" in doc
     assert STEP_KINDS[KIND].shows in doc  # what its steps record, from the kind's declaration
-    assert family_of(FAMILY).title == "Tally decoding"
+    assert "## Tally decoding\n\nGreedy with its candidates kept.\n" in doc  # the family's own declaration
+    assert "*Tally*" in doc  # the plot its visualizer registered
 
 
 def test_the_page_offers_it_in_every_lane_picker(tally):
