@@ -390,13 +390,13 @@ def render() -> str:
                     f"- papers: {papers_markdown(c.name, c.reference)}", kind, shows]
             plots = _plots_line(c.step_kind)
             out += ([plots] if plots else []) + [""]
-            if doc:
+            if doc and doc.rstrip(".") != scrub(spec["description"]).rstrip("."):  # not the italic line again
                 out += [doc, ""]
             own, shared_lines = _split_knobs(spec["params"], groups)
             if own:
                 out += _knob_table(own)
             if shared_lines:
-                out += ["", ("and " if own else "Knobs: ") + "; ".join(shared_lines) + "."]
+                out += ([""] if own else []) + [("and " if own else "Knobs: ") + "; ".join(shared_lines) + "."]
             if own or shared_lines:
                 out.append("")
     return "\n".join(out).rstrip() + "\n"
