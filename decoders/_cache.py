@@ -217,14 +217,30 @@ def repeat_batch(cache: Any, k: int) -> None:
         if hasattr(layer, "batch_repeat_interleave"):
             layer.batch_repeat_interleave(k)
         else:
-            rows = _batch_size(layer)
+            rows, device = _batch_size(layer)
             if rows:
-                layer.reorder_cache(torch.arange(rows).repeat_interleave(k))
+                layer.reorder_cache(torch.arange(rows, device=device).repeat_interleave(k))
 
 
-def _batch_size(layer: Any) -> int:
+def select_rows(cache: Any, rows: Sequence[int]) -> None:
+    """Keep the batch rows ``rows`` of ``cache`` (in that order), in place, on every layer kind.
+
+    ``Cache.batch_select_indices`` fails on recurrent layers (Mamba's), which lack it in
+    transformers 5.24; their ``reorder_cache`` with the kept row indices does the same.
+    """
+    for layer in cache.layers:
+        if hasattr(layer, "batch_select_indices"):
+            dev = layer.keys.device if torch.is_tensor(getattr(layer, "keys", None)) else None
+            layer.batch_select_indices(torch.tensor(list(rows), dtype=torch.long, device=dev))
+        else:
+            n, device = _batch_size(layer)
+            if n:
+                layer.reorder_cache(torch.tensor(list(rows), dtype=torch.long, device=device))
+
+
+def _batch_size(layer: Any) -> tuple[int, Any]:
     for states in (getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)):
         for t in (states or {}).values():
             if torch.is_tensor(t):
-                return int(t.shape[0])
-    return 0
+                return int(t.shape[0]), t.device
+    return 0, None

@@ -9,6 +9,7 @@ import torch
 from decoders.ar import dist_evidence
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.contrastive._common import rounded
+from decoders._cache import repeat_batch, select_rows
 from playground.trace import Step
 
 
@@ -57,7 +58,7 @@ class ContrastiveSearch(Decoder):
             ctx.check_cancel()
             top_p, top_ids = torch.topk(torch.softmax(logits, -1), k)
             with torch.inference_mode():
-                cache.batch_repeat_interleave(k)
+                repeat_batch(cache, k)  # every layer kind, recurrent ones included
             cand = view.forward(top_ids.view(k, 1), cache=cache, hidden_states=True)
             cache = cand.cache
             h = cand.hidden_states[-1][:, -1, :]
@@ -67,7 +68,7 @@ class ContrastiveSearch(Decoder):
             j = int(torch.argmax(score))
             tok = int(top_ids[j])
             with torch.inference_mode():
-                cache.batch_select_indices(torch.tensor([j], device=h.device))
+                select_rows(cache, [j])
             context = torch.cat([context, h[j:j + 1]])
             table = [{"token": int(t), "p": rounded(p), "penalty": rounded(d), "score": rounded(s),
                       "closest": int(c), "picked": i == j}

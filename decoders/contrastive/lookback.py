@@ -9,6 +9,7 @@ import torch
 from decoders.ar import dist_evidence, draw
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.contrastive._common import rounded
+from decoders._cache import repeat_batch, select_rows
 from playground.trace import Step
 
 # A log-probability of -inf (a masked token) would make 0·(-inf) = NaN in a KL sum; this
@@ -103,7 +104,7 @@ class LookBack(Decoder):
             if triggered:
                 top_p, top_ids = torch.topk(torch.softmax(logits.float(), -1), k)
                 with torch.inference_mode():
-                    cache.batch_repeat_interleave(k)
+                    repeat_batch(cache, k)
                 cand = view.forward(top_ids.view(k, 1), cache=cache)
                 cache = cand.cache
                 d_all = kl_to_rows(torch.log_softmax(cand.logits[:, -1].float(), -1), prefix)  # (k, m)
@@ -114,7 +115,7 @@ class LookBack(Decoder):
                 tok = draw(ctx, pos, final, score)
                 i = top_ids.tolist().index(tok)
                 with torch.inference_mode():
-                    cache.batch_select_indices(torch.tensor([i], device=top_ids.device))
+                    select_rows(cache, [i])
                 next_logits = cand.logits[i, -1]
                 ev["candidates"] = [
                     {"token": int(t), "p": rounded(p), "kl_prefix": rounded(dv), "closest_prefix": int(c) + 1,

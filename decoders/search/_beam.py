@@ -13,6 +13,7 @@ import torch
 from decoders.ar import constraint_stage
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, PlaygroundError
 from decoders.guided._constraint import follow_rows, mask_rows
+from decoders._cache import repeat_batch, select_rows
 from playground.trace import Step
 
 BIG = 1.0e9  # transformers' "very large negative" score for excluded candidates
@@ -27,7 +28,7 @@ class BatchState:
         out = view.forward(list(prompt_ids), cache=view.new_cache())
         self.cache = out.cache
         if batch > 1:
-            self.cache.batch_repeat_interleave(batch)
+            repeat_batch(self.cache, batch)  # every layer kind, recurrent ones included
         self.first = out.logits[0, -1]
 
     def reorder(self, rows: Sequence[int]) -> None:
@@ -36,7 +37,7 @@ class BatchState:
 
     def select(self, rows: Sequence[int]) -> None:
         """Keep only these rows (finished samples leave the batch)."""
-        self.cache.batch_select_indices(torch.tensor(list(rows), dtype=torch.long))
+        select_rows(self.cache, rows)
 
     def advance(self, tokens: Sequence[int]) -> torch.Tensor:
         """Feed one token per row; return next-token logits, shape (rows, V)."""
