@@ -38,7 +38,7 @@ def test_preset_lanes_validate_against_the_registry(preset):
         model = lane.get("model") or p["model"]
         assert BUNDLED_KIND[model] == cls.kind, f"{lane['decoder']} needs a {cls.kind} model, got {model}"
         if cls.needs_draft:
-            assert BUNDLED_KIND.get(lane["draft"]) == "causal"
+            assert BUNDLED_KIND.get(lane["draft"]) == getattr(cls, "draft_kind", "causal")
         else:
             assert not lane.get("draft")
     assert p["max_new_tokens"] <= 128  # presets must stay quick on a laptop CPU
