@@ -249,7 +249,8 @@ def _range(k: dict[str, Any]) -> str:
 def _knob_table(params: dict[str, dict[str, Any]]) -> list[str]:
     out = ["| knob | type | default | range | help |", "|---|---|---|---|---|"]
     for name, k in params.items():
-        out.append(f"| `{name}` | {k['type']} | `{k['default']}` | {_range(k)} | {scrub(k['help'])} |")
+        default = f"`{k['default']}`" if k["default"] != "" else "(empty)"  # `` would render as two backticks
+        out.append(f"| `{name}` | {k['type']} | {default} | {_range(k)} | {scrub(k['help'])} |")
     return out
 
 
