@@ -189,3 +189,17 @@ def test_the_page_has_a_slot_for_every_plot_the_visualizers_return():
     from playground.ui.layout import RUN_SLOTS, STEP_SLOTS
 
     assert STEP_SLOTS >= V.MAX_STEP_PLOTS and RUN_SLOTS >= V.MAX_RUN_PLOTS
+
+
+@pytest.mark.parametrize("steps, want", [
+    ([], "probability"), ([{"kind": "token"}], "probability"), ([{"kind": "draft"}], "acceptance"),
+    ([{"kind": "jacobi"}], "acceptance"), ([{"kind": "beam"}], "probability"),
+    ([{"kind": "token"}, {"kind": "denoise"}], "unmask_step"), ([{"kind": "token", "watermark": {"green": True}}], "watermark"),
+    ([{"kind": "draft", "watermark": {"green": True}}], "acceptance"),
+])
+def test_auto_colouring_comes_from_the_kinds_and_evidence_the_visualizers_declare(steps, want):
+    from playground.ui.state import auto_metric
+
+    trace = {"steps": steps}
+    assert V.auto_metric(trace) == want == auto_metric(trace, "auto")
+    assert V.auto_metric(trace, "entropy") == "entropy"

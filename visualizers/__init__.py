@@ -99,6 +99,8 @@ COMPARE_PLOTS: list[tuple[str, Callable[[list[dict[str, Any]]], go.Figure]]] = [
 
 # The token colouring a lane gets under "auto", by the step kinds its trace holds (first match).
 KIND_METRICS: dict[str, str] = {"denoise": "unmask_step", "draft": "acceptance", "jacobi": "acceptance"}
+# ... and else by an evidence field (a dict) some step carries (first match).
+EVIDENCE_METRICS: dict[str, str] = {"watermark": "watermark"}
 
 
 def _known_kind(kind: str) -> str:
@@ -127,18 +129,24 @@ def step_plot(kind: str, title: str, *, needs: str | None = None, html: bool = F
     return add
 
 
-def run_plot(title: str, *, kind: str | None = None, evidence: str | None = None,
+def run_plot(title: str, *, kind: str | None = None, evidence: str | None = None, metric: str | None = None,
              ) -> Callable[[Callable[[dict[str, Any]], go.Figure]], Callable[[dict[str, Any]], go.Figure]]:
     """Decorator: draw ``fn(trace)`` once per run, for traces with steps of ``kind`` or with
-    some step carrying evidence field ``evidence`` (exactly one of the two)."""
+    some step carrying evidence field ``evidence`` (exactly one of the two). ``metric``: the
+    token colouring that suits lanes with that evidence (see :func:`step_plot`)."""
     if (kind is None) == (evidence is None):
         raise ValueError("a run plot is registered for a step kind or for an evidence field, not both")
     if kind is not None:
         _known_kind(kind)
+    if metric is not None and metric not in METRICS:
+        raise ValueError(f"unknown token metric {metric!r}; one of {', '.join(METRICS)}")
 
     def add(fn: Callable[[dict[str, Any]], go.Figure]) -> Callable[[dict[str, Any]], go.Figure]:
         table = RUN_PLOTS if kind is not None else RUN_EVIDENCE_PLOTS
-        table.setdefault(str(kind if kind is not None else evidence), []).append((title, fn))
+        key = str(kind if kind is not None else evidence)
+        table.setdefault(key, []).append((title, fn))
+        if metric is not None:
+            (KIND_METRICS if kind is not None else EVIDENCE_METRICS).setdefault(key, metric)
         return fn
 
     return add
@@ -156,11 +164,17 @@ def unregister(fn: Callable[..., Any]) -> None:
 
 def auto_metric(trace: dict[str, Any], metric: str = "auto") -> str:
     """The token colouring for a lane: ``metric``, or under ``auto`` the one its step kinds suit
-    (:data:`KIND_METRICS`, first match), else the probability of each token."""
+    (:data:`KIND_METRICS`), else the one its evidence suits (:data:`EVIDENCE_METRICS`), first
+    match, else the probability of each token."""
     if metric != "auto":
         return metric
     kinds = set(kinds_in(trace))
-    return next((m for k, m in KIND_METRICS.items() if k in kinds), "probability")
+    for k, m in KIND_METRICS.items():
+        if k in kinds:
+            return m
+    steps = steps_of(trace)
+    return next((m for f, m in EVIDENCE_METRICS.items() if any(isinstance(s.get(f), dict) for s in steps)),
+                "probability")
 
 
 def step_count(trace: dict[str, Any]) -> int:
@@ -239,7 +253,7 @@ _import_modules()
 
 __all__ = [
     "STEP_PLOTS", "RUN_PLOTS", "RUN_EVIDENCE_PLOTS", "KIND_METRICS", "COMPARE_PLOTS", "step_plot", "run_plot",
-    "unregister", "auto_metric", "divergence_figure", "forced_figure", "step_count", "step_figures", "run_figures",
+    "unregister", "auto_metric", "EVIDENCE_METRICS", "divergence_figure", "forced_figure", "step_count", "step_figures", "run_figures",
     "tokens_html", "legend_html", "stats_line",
     "distribution_figure", "timeline_figure",
     "draft_tree_figure", "accepted_length_histogram", "acceptance_timeline",
