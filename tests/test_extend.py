@@ -176,13 +176,19 @@ def test_every_step_kind_has_plots_and_every_decoder_a_declared_kind():
         assert c.step_kind in STEP_KINDS, f"{c.name}: undeclared step kind {c.step_kind!r}"
 
 
-def test_registering_against_an_undeclared_kind_is_refused():
-    with pytest.raises(ValueError, match="declare it first"):
-        V.step_plot("no_such_kind", "X")
+def test_every_plotted_kind_is_declared_and_undeclared_kinds_are_refused():
+    import decoders  # noqa: F401 - a new kind is declared by the decoder module that yields it
+
+    for table in (V.STEP_PLOTS, V.RUN_PLOTS, V.KIND_METRICS):
+        assert set(table) <= set(STEP_KINDS), f"plots for undeclared step kinds: {set(table) - set(STEP_KINDS)}"
     with pytest.raises(ValueError, match="unknown step kind"):
         Step("no_such_kind", [1])
+    with pytest.raises(ValueError, match="no valid kind"):
+        Trace.from_dict({**Trace("m", "greedy", {}, 0, "p", [1]).to_dict(), "steps": [{"kind": "no_such_kind"}]})
     with pytest.raises(ValueError, match="declared differently"):
         declare_step_kind("token", "something else")
+    with pytest.raises(ValueError, match="unknown token metric"):
+        V.step_plot("token", "X", metric="no_such_metric")
 
 
 def test_the_page_has_a_slot_for_every_plot_the_visualizers_return():

@@ -103,18 +103,15 @@ KIND_METRICS: dict[str, str] = {"denoise": "unmask_step", "draft": "acceptance",
 EVIDENCE_METRICS: dict[str, str] = {"watermark": "watermark"}
 
 
-def _known_kind(kind: str) -> str:
-    if kind not in STEP_KINDS:
-        raise ValueError(f"unknown step kind {kind!r}: declare it first (playground.trace.declare_step_kind)")
-    return kind
-
-
 def step_plot(kind: str, title: str, *, needs: str | None = None, html: bool = False,
               metric: str | None = None) -> Callable[[Callable[..., Plot]], Callable[..., Plot]]:
     """Decorator: draw ``fn(trace, step)`` for steps of ``kind`` (only steps carrying evidence
     ``needs``, when given). ``html``: it returns HTML, not a figure. ``metric``: the token
-    colouring (one of ``visualizers.tokens.METRICS``) that suits lanes with steps of this kind."""
-    _known_kind(kind)
+    colouring (one of ``visualizers.tokens.METRICS``) that suits lanes with steps of this kind.
+
+    ``kind`` need not be declared yet: visualizers never import decoders, and a new kind is
+    declared by the decoder module that yields it (``tests/test_extend.py`` checks that every
+    kind with a plot is declared once the decoders are imported)."""
     if metric is not None and metric not in METRICS:
         raise ValueError(f"unknown token metric {metric!r}; one of {', '.join(METRICS)}")
 
@@ -136,8 +133,6 @@ def run_plot(title: str, *, kind: str | None = None, evidence: str | None = None
     token colouring that suits lanes with that evidence (see :func:`step_plot`)."""
     if (kind is None) == (evidence is None):
         raise ValueError("a run plot is registered for a step kind or for an evidence field, not both")
-    if kind is not None:
-        _known_kind(kind)
     if metric is not None and metric not in METRICS:
         raise ValueError(f"unknown token metric {metric!r}; one of {', '.join(METRICS)}")
 
