@@ -151,6 +151,8 @@ def test_its_trace_runs_stores_exports_imports_and_replays(tally, llama_handle, 
     runs = dict(V.run_figures(replayed))
     assert list(runs["Top score over the run"].data[0].y) == [s["tally"]["scores"][0] for s in tr["steps"]]
     assert V.auto_metric(replayed) == "probability"
+    lane = V.tokens_html(replayed, V.auto_metric(replayed))
+    assert all(html.escape(tr["tokens"][str(t)]) in lane for t in tr["output_ids"])
 
 
 def test_the_fixture_registers_everything(tally):
