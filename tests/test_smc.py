@@ -134,7 +134,8 @@ def test_systematic_resampling_gives_each_particle_floor_or_ceil_of_its_share(w,
     assert len(anc) == n and anc == sorted(anc)
     counts = np.bincount(anc, minlength=n)
     for i in range(n):
-        assert math.floor(n * w[i]) - 1e-9 <= counts[i] <= math.ceil(n * w[i]) + 1e-9 or abs(n * w[i] - counts[i]) < 1e-6
+        # float weights sum to 1 only up to rounding (w = [1e-126, 1.0]): allow that much
+        assert math.floor(n * w[i] - 1e-9) <= counts[i] <= math.ceil(n * w[i] + 1e-9)
         if w[i] == 0:
             assert counts[i] == 0
 
@@ -191,9 +192,15 @@ def test_keyword_potential_steers_towards_the_keyword():
 
 
 def test_length_potential_pulls_towards_the_target():
-    far = [abs(len(gen("sample", s, n=32)["text"]) - 40) for s in range(8)]
-    near = [abs(len(gen("smc", s, n=32, num_particles=8, target_chars=40)["text"]) - 40) for s in range(8)]
-    assert sum(near) < sum(far)
+    """Seed by seed (particle 0 is the plain sample), the steered output is closer to 40
+    characters more often than not: a one-sided sign test over 12 seeds."""
+    far = [abs(len(gen("sample", s, n=32)["text"]) - 40) for s in range(12)]
+    near = [abs(len(gen("smc", s, n=32, num_particles=8, target_chars=40)["text"]) - 40) for s in range(12)]
+    wins = sum(a < b for a, b in zip(near, far))
+    losses = sum(a > b for a, b in zip(near, far))
+    m = wins + losses
+    p = sum(math.comb(m, k) for k in range(wins, m + 1)) / 2 ** m
+    assert sum(near) < sum(far) and p < 0.05
 
 
 # ---------------------------------------------------------------------- errors and views

@@ -2,8 +2,8 @@
 potentials, resampled when their effective sample size runs low.
 
 The target is the model's distribution (at the proposal temperature) reweighted by a
-potential, ``p(x) * exp(strength * phi(x))``; ``phi`` sums the active potentials, each in
-[-1, 0]: the text still matches (or, finished, fully matches) a regex, the share of
+potential, ``p(x) * exp(strength * phi(x))``; ``phi`` sums the active potentials, each at
+most 0: the text still matches (or, finished, fully matches) a regex, the share of
 keywords present, the distance to a target length. Every particle proposes its next token
 from the model; its log weight grows by the change in ``strength * phi``. When the effective
 sample size ``1 / sum(W^2)`` of the normalised weights ``W`` falls below ``ess_threshold * N``
@@ -49,12 +49,13 @@ def parse_keywords(text: str) -> list[str]:
 
 @dataclass
 class Potential:
-    """``phi(text, finished)`` in [-(number of active potentials), 0]; 0 = fully satisfied.
+    """``phi(text, finished)``, at most 0 (0 = fully satisfied): the sum of the active terms.
 
     ``regex``: 0 while the text can still be extended to a full match (a full match once
     finished), else -1. ``keywords``: minus the share of keywords (case-insensitive) not yet
     in the text. ``target_chars``: minus the relative overshoot of the length while running
-    and the relative distance to it once finished, capped at 1.
+    (a shorter text may still grow) and the relative distance to it once finished, not
+    capped, so that texts far past the target still differ.
     """
 
     regex: Any = None
@@ -80,7 +81,7 @@ class Potential:
         if self.target_chars > 0:
             n, goal = len(text), self.target_chars
             off = abs(n - goal) if finished else max(0, n - goal)
-            phi -= min(1.0, off / goal)
+            phi -= off / goal
         return phi
 
     def parts(self) -> list[str]:
@@ -208,9 +209,9 @@ class SMC(Decoder):
     next token from the model (at ``temperature``; particle 0 on the ``sample`` decoder's
     common random numbers, particle i on stream ``sample/i``) and its log weight grows by
     ``strength * (phi(new text) - phi(old text))``, so the population targets
-    ``p(x) * exp(strength * phi(x))``. Potentials (each in [-1, 0]): ``match_regex`` (the
+    ``p(x) * exp(strength * phi(x))``. Potentials (each at most 0): ``match_regex`` (the
     text can still become a full match; finished, it must be one), ``keywords`` (share
-    present, case-insensitive), ``target_chars`` (relative distance to that length). A
+    present, case-insensitive), ``target_chars`` (relative distance to that length, uncapped). A
     constraint knob (``regex``, ``json_schema``, ``grammar``: the constraint stage's syntax)
     is the hard potential "the text is in the constraint's language": each particle proposes
     from the model restricted to the tokens its matcher allows and its log weight gains the
