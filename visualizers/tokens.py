@@ -27,10 +27,11 @@ ENTROPY_MAX = 5.0  # nats at which the entropy colour saturates (fixed, so colou
 PROB_FLOOR = 1e-3
 
 _ACCEPT_BG = {"accepted": "rgba(34,165,91,0.30)", "correction": "rgba(240,122,26,0.42)",
-              "bonus": "rgba(59,130,246,0.38)", "target": ""}
+              "bonus": "rgba(59,130,246,0.38)", "small": "rgba(20,184,166,0.35)", "target": ""}
 _ACCEPT_LABEL = {"accepted": "accepted draft token", "correction": "target correction (resampled)",
                  "bonus": "bonus token from the target", "target": "target step (no draft)",
-                 "provisional": "best beam so far (provisional)"}
+                 "provisional": "best beam so far (provisional)",
+                 "small": "written by the small model (EAD: draft slot)"}
 _STEP_STOPS = [(59, 130, 246), (20, 184, 166), (132, 204, 22), (250, 204, 21)]
 
 
@@ -68,6 +69,8 @@ def _step_records(trace: dict[str, Any], s: dict[str, Any]) -> list[TokenRec]:
         for r in recs:
             if r.id == d.get("chosen"):
                 r.prob, r.final, r.entropy = raw, fin, num(d.get("entropy"))
+            if s.get("source") == "small":  # EAD: which model wrote the token
+                r.accept = "small"
         wm = s.get("watermark")
         if isinstance(wm, dict) and isinstance(wm.get("green"), bool) and recs:
             recs[0].green = wm["green"]
@@ -274,7 +277,7 @@ def legend_html(metric: str) -> str:
                     f"≥ {ENTROPY_MAX:g} nats", "entropy of the model's distribution at that token")
     elif metric == "acceptance":
         body = "".join(swatch(_ACCEPT_BG[k] or "transparent;border:1px solid rgba(128,128,128,0.5)", _ACCEPT_LABEL[k])
-                       for k in ("accepted", "correction", "bonus", "target"))
+                       for k in ("accepted", "correction", "bonus", "small", "target"))
     elif metric == "watermark":
         body = (swatch(GREEN_BG, "in its green list") + swatch(RED_BG, "not in it")
                 + '<span style="opacity:0.75">uncoloured: not scored (too little context, or no watermark)</span>')
