@@ -81,3 +81,14 @@ def test_draft_canvas_is_escaped_html(traces):
     html = draft_canvas_html(t, 0)
     assert "denoising step 1" in html and "<b>" not in html.replace("<b>denoising", "")
     assert "no diffusion draft canvas" in draft_canvas_html(traces["mbr"], 0)
+
+
+def test_ead_tokens_are_coloured_by_the_model_that_wrote_them(traces):
+    from visualizers.tokens import _ACCEPT_BG, legend_html, tokens_html
+
+    t = traces["ead"]
+    html = tokens_html(t, "acceptance")
+    small = sum(1 for s in t["steps"] if s["source"] == "small")
+    assert 0 < small < len(t["steps"]) or small == len(t["steps"])
+    assert html.count(_ACCEPT_BG["small"]) == small
+    assert "small model" in legend_html("acceptance")
