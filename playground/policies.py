@@ -12,9 +12,9 @@ A race is only as honest as what it charges. Five policies, each named by what i
   counted).
 - ``"steps"`` — equal steps; ``"free"`` — round robin.
 
-Ties go to lane order. Each step is stamped with what its lane has spent so far — ``own_s``
-(seconds in its own steps) always, ``race_cost`` under ``"cost"`` — which the progress strip
-plots on its x axis for those policies.
+Ties go to lane order. Under ``"cost"`` and ``"wall"`` each step is stamped with what its
+lane has spent so far — ``race_cost`` (target-token units) or ``own_s`` (seconds in its own
+steps) — which the progress strip finds and plots on its x axis, live and in replays.
 
 The cost model
 --------------
@@ -187,16 +187,18 @@ class Policy:
         return float(getattr(lane, "steps", 0))
 
     def charge(self, lanes: Sequence[Any], k: int, step: Any, seconds: float) -> None:
-        """Book a step lane ``k`` just took (``seconds`` of its own time) and stamp the step
-        with what the lane has spent so far: ``own_s`` always, ``race_cost`` under ``"cost"``
-        — the progress strip's x axis for those policies."""
+        """Book a step lane ``k`` just took (``seconds`` of its own time) and, under ``"cost"``
+        and ``"wall"``, stamp the step with what the lane has spent so far (``race_cost``,
+        ``own_s``): the progress strip plots the stamp it finds, so a live race and its replay
+        show the quantity the race equalised."""
         lane = lanes[k]
         lane.busy_s = float(getattr(lane, "busy_s", 0.0)) + max(float(seconds), 0.0)
         evidence = getattr(step, "evidence", None)
-        if not isinstance(evidence, dict):
+        if not isinstance(evidence, dict) or lane.run is None:
             return
-        evidence["own_s"] = round(lane.busy_s, 6)
-        if self.name == "cost" and lane.run is not None:
+        if self.name == "wall":
+            evidence["own_s"] = round(lane.busy_s, 6)
+        elif self.name == "cost":
             evidence["race_cost"] = round(self.cost(lanes, k), 4)
 
     def pick(self, lanes: Sequence[Any], live: list[int]) -> int | None:

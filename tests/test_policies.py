@@ -138,27 +138,40 @@ def test_cost_model_charges_tokens_processed_at_each_models_rate():
     assert policies.run_cost(run, ref=0.02) == pytest.approx(2 * (10 + 5 + 0.75 + 0.5))
 
 
-def test_cost_policy_stamps_steps_with_cost_and_own_time(llama_handle):
+def test_cost_and_wall_races_stamp_their_steps_and_the_strip_plots_the_stamp(llama_handle):
     from playground.engine import prepare
-
-    policies.set_rate(llama_handle, 1.0)
-    runs = [prepare(llama_handle, d, "ab", max_new_tokens=4, seed=0) for d in ("greedy", "sample")]
-    traces = Runner(runs, policy="cost", rate=0).run_to_end()
-    for tr in traces:
-        costs = [s["race_cost"] for s in tr["steps"]]
-        assert costs == sorted(costs) and costs[-1] == pytest.approx(tr["stats"]["target_tokens_processed"])
-        own = [s["own_s"] for s in tr["steps"]]
-        assert own == sorted(own) and own[-1] > 0
-    # the progress strip counts what the race equalised, and says so on its axis
     from visualizers.compare import progress_figure
 
-    fig = progress_figure(traces, x="cost")
+    policies.set_rate(llama_handle, 1.0)
+
+    def race(policy: str) -> list[dict]:
+        runs = [prepare(llama_handle, d, "ab", max_new_tokens=4, seed=0) for d in ("greedy", "sample")]
+        return Runner(runs, policy=policy, rate=0).run_to_end()
+
+    costs = race("cost")
+    for tr in costs:
+        xs = [s["race_cost"] for s in tr["steps"]]
+        assert xs == sorted(xs) and xs[-1] == pytest.approx(tr["stats"]["target_tokens_processed"])
+        assert not any("own_s" in s for s in tr["steps"])
+    # the progress strip counts what the race equalised, and says so on its axis and title
+    fig = progress_figure(costs)
     assert fig.layout.xaxis.title.text == policies.AXES["cost"]
     assert fig.layout.title.text.startswith("Progress at equal cost")
-    assert list(fig.data[0].x) == [0.0] + [s["race_cost"] for s in traces[0]["steps"]]
-    wall = progress_figure(traces, x="wall")
-    assert wall.layout.xaxis.title.text == policies.AXES["wall"]
-    assert list(wall.data[1].x) == [0.0] + [s["own_s"] for s in traces[1]["steps"]]
+    assert list(fig.data[0].x) == [0.0] + [s["race_cost"] for s in costs[0]["steps"]]
+
+    walls = race("wall")
+    for tr in walls:
+        own = [s["own_s"] for s in tr["steps"]]
+        assert own == sorted(own) and own[-1] > 0 and not any("race_cost" in s for s in tr["steps"])
+    fig = progress_figure(walls)
+    assert fig.layout.xaxis.title.text == policies.AXES["wall"]
+    assert list(fig.data[1].x) == [0.0] + [s["own_s"] for s in walls[1]["steps"]]
+
+    plain = race("forwards")
+    assert not any("own_s" in s or "race_cost" in s for tr in plain for s in tr["steps"])
+    fig = progress_figure(plain)
+    assert fig.layout.xaxis.title.text == policies.AXES["forwards"]
+    assert fig.layout.title.text.startswith("Progress at equal target forwards")
 
 
 def test_measured_rate_is_kept_per_model():

@@ -112,16 +112,27 @@ def end_labels(lines: list[list[tuple[Any, int]]], groups: list[list[int]]) -> l
     return [(pt, ", ".join(texts), k) for pt, texts, k in out]
 
 
-def progress_figure(traces: list[dict[str, Any]], x: str = "forwards") -> go.Figure:
+def race_axis(traces: list[dict[str, Any]]) -> str:
+    """The x axis a race's traces call for: ``"cost"`` or ``"wall"`` where its steps carry that
+    policy's stamp (``race_cost``/``own_s``), else ``"forwards"``."""
+    for key, axis in (("race_cost", "cost"), ("own_s", "wall")):
+        if any(key in s for t in traces if isinstance(t, dict) for s in steps_of(t)):
+            return axis
+    return "forwards"
+
+
+def progress_figure(traces: list[dict[str, Any]], x: str = "auto") -> go.Figure:
     """Tokens decided vs target forward passes (or what another lockstep policy counts:
-    ``x`` is ``"cost"``, ``"wall"``, ``"steps"`` or ``"time"``), one line per lane, with who
-    is ahead at equal target forwards in the subtitle.
+    ``x`` is ``"cost"``, ``"wall"``, ``"steps"`` or ``"time"``; ``"auto"``, the default, is
+    what the race equalised, see :func:`race_axis`), one line per lane, with who is ahead at
+    equal target forwards in the subtitle.
 
     Lanes are numbered from 1, as the page's cards are. Each line ends in its lane number, so
     a line hidden under another still shows where it ends; lanes whose lines are identical
     are drawn dashed over the first one and named in a note."""
-    title = TITLES.get(x, TITLES["forwards"])
     traces = [t for t in (traces or []) if isinstance(t, dict)]
+    x = race_axis(traces) if x == "auto" else x
+    title = TITLES.get(x, TITLES["forwards"])
     if not traces or not any(steps_of(t) for t in traces):
         return empty_figure("no steps yet", title)
     key, axis = X_AXES.get(x, X_AXES["forwards"])
