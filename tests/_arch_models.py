@@ -152,7 +152,7 @@ LABELS = {
 KIND_OF = {a: ("windowed" if a in WINDOWED else "recurrent" if a in RECURRENT else "full") for a in CAUSAL}
 # decoders that copy the cache once per hypothesis (``batch_repeat_interleave``): transformers
 # 5.24's recurrent cache layers have no such copy, and these decoders do not refuse yet
-BATCHED = ("smc",)
+BATCHED: tuple[str, ...] = ()  # every batched decoder copies its cache with decoders._cache.repeat_batch
 EXACT_VS_GENERATE = ("greedy", "beam")
 # decoders outside the speculative family that keep a model in a rolling-back DraftState
 DRAFT_STATE = ("adadec", "cntp", "ead", "spec_cascade")  # cntp/adadec roll back their rollouts

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from decoders._cache import repeat_batch
 from decoders.ar import draw
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
 from decoders.guided._constraint import constraint_params, stage_for
@@ -271,7 +272,7 @@ class SMC(Decoder):
         first = ctx.target.forward(prompt, cache=ctx.target.new_cache())
         cache = first.cache
         if n > 1:
-            cache.batch_repeat_interleave(n)
+            repeat_batch(cache, n)  # every layer kind, recurrent ones included
         logits = first.logits[0, -1][None].expand(n, -1)
         rows = list(range(n))  # cache row of each live particle, in particle order
         parents: list[int] = list(range(n))
