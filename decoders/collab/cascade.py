@@ -71,7 +71,7 @@ class SpecCascade(Decoder):
         check_small_model(ctx, self.name)
         p = ctx.params
         gamma, rule, alpha = int(p["gamma"]), str(p["rule"]), float(p["alpha"])
-        small, large = DraftState(ctx.draft), DraftState(ctx.target)
+        small, large = DraftState(ctx.draft, decoder=self.name), DraftState(ctx.target, decoder=self.name)
         V = ctx.target.vocab_size
         prompt, out = list(ctx.prompt_ids), []
         drafted = accepted = verifications = changed = small_tokens = 0

@@ -54,7 +54,7 @@ class EAD(Decoder):
         check_small_model(ctx, self.name)
         p = ctx.params
         thr, window, span = float(p["entropy_threshold"]), int(p["window"]), int(p["span"])
-        small, large = DraftState(ctx.draft), DraftState(ctx.target)
+        small, large = DraftState(ctx.draft, decoder=self.name), DraftState(ctx.target, decoder=self.name)
         V = ctx.target.vocab_size
         prompt, out = list(ctx.prompt_ids), []
         recent: list[float] = []

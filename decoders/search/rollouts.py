@@ -79,7 +79,7 @@ class RolloutDecoder(Decoder):
 
     def run(self, ctx: Context) -> Iterator[Step]:
         thr = float(ctx.params["entropy_threshold"])
-        main = DraftState(ctx.target)
+        main = DraftState(ctx.target, decoder=self.name)
         prompt, out = list(ctx.prompt_ids), []
         triggers = 0
         while len(out) < ctx.max_new_tokens:
