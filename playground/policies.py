@@ -29,7 +29,9 @@ processed by the race's reference model (the target of the first lane ready to s
   position it verifies (the drafted tokens plus the bonus position, the whole tree for a
   tree), a diffusion denoising pass pays prompt + canvas (it has no cache);
 - *rate(model)* is the model's measured time of one forward pass over a fixed
-  ``RATE_TOKENS``-token input (median of ``RATE_REPEATS`` after a warm-up), measured once per
+  ``RATE_TOKENS``-token input (the fastest of ``RATE_REPEATS`` after ``RATE_WARMUP`` passes; CPU seconds of
+  the process for a model on the CPU, so other work on a shared machine does not count; wall
+  time after synchronising for a model on a GPU), measured once per
   loaded model and kept (:func:`rate_of`; :func:`set_rate` pins it). So a draft token costs
   the draft's measured time ratio to the target, and a lane on a bigger target pays more;
 - an early exit (a self-speculative draft running ``k`` of the target's ``N`` layers) pays
@@ -43,7 +45,6 @@ Forwards of models a decoder holds outside its ``target``/``draft`` views are no
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 import weakref
@@ -78,7 +79,8 @@ EXPLAIN = {
 }
 
 RATE_TOKENS = 16
-RATE_REPEATS = 3
+RATE_REPEATS = 7
+RATE_WARMUP = 3
 
 _rates: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
 _rates_lock = threading.Lock()
@@ -95,17 +97,36 @@ def set_rate(handle: Any, seconds: float) -> None:
         _rates[handle] = float(seconds)
 
 
+def _clock(handle: Any) -> tuple[Callable[[], float], Callable[[], None]]:
+    """(clock, sync) for timing ``handle``'s forwards: CPU seconds of this process for a model on
+    the CPU (a busy machine delays a pass without making it dearer), else wall time after the
+    accelerator has finished its queued work."""
+    device = str(getattr(handle, "device", "cpu"))
+    if device.startswith("cuda"):
+        import torch
+
+        return time.perf_counter, torch.cuda.synchronize
+    if device == "cpu" or device.startswith("cpu"):
+        return time.process_time, lambda: None
+    return time.perf_counter, lambda: None
+
+
 def measure_rate(handle: Any, tokens: int = RATE_TOKENS, repeats: int = RATE_REPEATS) -> float:
-    """Median seconds of one uncounted forward of ``handle`` over ``tokens`` positions (after a warm-up)."""
+    """Seconds of one uncounted forward of ``handle`` over ``tokens`` positions: the fastest of
+    ``repeats`` after a warm-up (CPU seconds for a model on the CPU, see :func:`_clock`)."""
     vocab = int(getattr(handle, "vocab_size", 0) or 2)
     ids = [(7 * j + 1) % max(vocab - 1, 1) for j in range(tokens)]
-    handle.forward(ids)
+    clock, sync = _clock(handle)
+    for _ in range(RATE_WARMUP):  # first passes pay for allocations and kernel selection
+        handle.forward(ids)
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        sync()
+        t0 = clock()
         handle.forward(ids)
-        times.append(time.perf_counter() - t0)
-    return max(statistics.median(times), 1e-9)
+        sync()
+        times.append(clock() - t0)
+    return max(min(times), 1e-9)
 
 
 def rate_of(handle: Any) -> float:
