@@ -90,7 +90,8 @@ def compare(preset: str | None = None, lanes: list[Any] | str | None = None, pro
         model: the model of every lane without its own (default: the preset's, else tiny-shakespeare)
         seed: the random seed (default: the preset's, else 0)
         max_new_tokens: most tokens per lane (default: the preset's, else 64)
-        policy: who steps next: forwards (equal compute), steps (equal steps) or free (round robin)
+        policy: who steps next: forwards (equal target forwards, the default), cost (equal cost),
+            wall (equal wall time), steps (equal steps) or free (round robin)
     """
     frame: dict[str, Any] = {}
     for frame in _comparison(preset, lanes, prompt, model, seed, max_new_tokens, policy, request, stream=False):
@@ -110,7 +111,8 @@ def compare_stream(preset: str | None = None, lanes: list[Any] | str | None = No
         model: the model of every lane without its own (default: the preset's, else tiny-shakespeare)
         seed: the random seed (default: the preset's, else 0)
         max_new_tokens: most tokens per lane (default: the preset's, else 64)
-        policy: who steps next: forwards (equal compute), steps (equal steps) or free (round robin)
+        policy: who steps next: forwards (equal target forwards, the default), cost (equal cost),
+            wall (equal wall time), steps (equal steps) or free (round robin)
     """
     yield from _comparison(preset, lanes, prompt, model, seed, max_new_tokens, policy, request, stream=True)
 

@@ -22,7 +22,9 @@ NO_DRAFT = "(none)"
 DEFAULT_MODEL = "tiny-shakespeare"
 DEFAULT_DRAFT = "tiny-shakespeare-draft"
 DEFAULT_DIFFUSION = "tiny-shakespeare-diffusion"
-POLICY_CHOICES = [("equal compute (fewest target forwards steps next)", "forwards"),
+POLICY_CHOICES = [("equal target forwards (drafts, tree width, canvas passes free)", "forwards"),
+                  ("equal cost (every position each model processes is paid for)", "cost"),
+                  ("equal wall time (least time in its own steps goes next)", "wall"),
                   ("equal steps", "steps"), ("free running (round robin)", "free")]
 METRIC_CHOICES = [("auto", "auto"), ("probability", "probability"), ("entropy", "entropy"),
                   ("draft acceptance", "acceptance"), ("unmasking / commit step", "unmask_step"),
@@ -554,7 +556,7 @@ def session_page(session: dict[str, Any]) -> dict[str, Any]:
     return {"title": session.get("title", ""), "model": settings.get("page_model") or session.get("model", ""),
             "prompt": session.get("prompt", ""), "seed": _int(settings.get("seed"), _int(first.get("seed"), 0)),
             "max_new_tokens": _int(settings.get("max_new_tokens"), max(1, _int((first.get("stats") or {}).get("new_tokens"), 48))),
-            "policy": settings.get("policy") if settings.get("policy") in ("forwards", "steps", "free") else "forwards",
+            "policy": settings.get("policy") if settings.get("policy") in dict(POLICY_CHOICES).values() else "forwards",
             "metric": settings.get("metric") if settings.get("metric") in dict(METRIC_CHOICES).values() else "auto",
             "lanes": lanes[:MAX_LANES], "runs": list(runs)[:MAX_LANES]}
 
