@@ -1,19 +1,91 @@
-"""Helpers of the browser tests: start the app in a subprocess, open Chromium, read the page."""
+"""Helpers and fixtures of the browser tests: start the app in a subprocess, open Chromium,
+read the page.
+
+The fixtures ``browser``, ``app`` and ``page`` serve every browser test module (this module is
+a plugin of ``conftest.py``). The handler tests define a ``page`` of their own (the Compare
+page object), which wins in their modules.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import pytest
 
 from playground.bench._browser import CHROMIUM, CHROMIUM_ARGS, App, free_port  # noqa: F401 - one app launcher
 
 ROOT = Path(__file__).resolve().parent.parent
+VIEW = {"width": 1440, "height": 1100}
 
 
 def launch_browser(pw: Any) -> Any:
     """Headless Debian Chromium (the Playwright browser download does not work offline)."""
     return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
+def check_prerequisites() -> None:
+    """CI installs Chromium and ships the bundled models: their absence fails, never skips."""
+    assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM} (set PLAYGROUND_CHROMIUM)"
+    assert (ROOT / "assets" / "models" / "tiny-shakespeare" / "config.json").exists(), \
+        "the bundled tiny-shakespeare model is missing"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium for one test module."""
+    import playwright.sync_api as playwright_api
+
+    with playwright_api.sync_playwright() as pw:
+        b = launch_browser(pw)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: Any) -> Iterator[App]:
+    """The app on a free 127.0.0.1 port with a database of its own (``app.db``), one torch
+    thread (on a busy shared CPU, more threads spin against each other)."""
+    check_prerequisites()
+    tmp = tmp_path_factory.mktemp("browser")
+    a = App(str(tmp / "sessions.db"), tmp / "app.log", OMP_NUM_THREADS="1")
+    try:
+        a.wait()
+        yield a
+    finally:
+        a.stop()
+
+
+@pytest.fixture()
+def page(browser: Any, app: App) -> Iterator[Any]:
+    """A fresh browser context on the app's page, loaded (its load event filled the lanes in)."""
+    ctx = browser.new_context(viewport=VIEW)
+    p = ctx.new_page()
+    p.set_default_timeout(60_000)
+    open_page(p, app.url)
+    yield p
+    ctx.close()
+
+
+def open_page(p: Any, url: str) -> None:
+    """Load the page and wait until its load event has filled in the lanes."""
+    p.goto(url)
+    p.wait_for_function("() => { const s = document.querySelector('#status');"
+                        " return s && s.innerText.trim().length > 0 && !s.innerText.includes('Pick a preset'); }",
+                        timeout=120_000)
+
+
+def choose(p: Any, elem_id: str, text: str) -> None:
+    """Pick the option containing ``text`` in the Gradio dropdown ``#elem_id``."""
+    p.click(f"#{elem_id} input")
+    p.locator("[role=option]", has_text=text).first.click()
+
+
+def load_preset(p: Any, title: str) -> None:
+    """Pick a preset and wait until the page says it is loaded."""
+    choose(p, "preset", title)
+    p.wait_for_function("() => document.querySelector('#status').innerText.includes('loaded')")
 
 
 def lane_text(page: Any, k: int) -> str:
@@ -32,14 +104,16 @@ def step_value(page: Any) -> int:
 
 
 def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
-    """Wait until the comparison has finished or stopped (the status says so, Run is enabled);
-    an error in the status line fails at once, with that line as the message."""
+    """Wait until the comparison has finished or stopped (the status says so, Run is enabled)
+    and its plots are drawn (no inspector header still says they follow); an error in the
+    status line fails at once, with that line as the message."""
     try:
         page.wait_for_function(
             "() => { const s = document.querySelector('#status'); const b = document.querySelector('#run');"
             " if (!s || !b) return false;"
             " if (s.querySelector('.pg-status-error')) return true;"
-            " return !b.disabled && /^(Done|Stopped)/.test(s.innerText.trim()); }",
+            " return !b.disabled && /^(Done|Stopped)/.test(s.innerText.trim())"
+            " && !document.querySelector('#inspector .insp-pending'); }",
             timeout=timeout_ms)
     except Exception as e:  # noqa: BLE001 - say what the page showed
         try:

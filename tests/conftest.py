@@ -11,6 +11,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+# The browser tests' fixtures (browser, app, page) and helpers live in browser_helpers.py.
+pytest_plugins = ["browser_helpers"]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Tiny models run fastest on one thread; on a shared 2-core machine extra threads only spin."""
@@ -89,3 +93,39 @@ def gpt2_handle(tokenizer):
     from playground.models import handle_from_model
 
     return handle_from_model(build_gpt2(tokenizer), tokenizer, name="tiny-gpt2")
+
+
+# ---------------------------------------------------------------------- the Compare page's handlers
+@pytest.fixture(scope="module")
+def demo():
+    """The whole Gradio app, built once per module (its handlers are driven without a browser)."""
+    from playground.ui import build_app
+
+    return build_app()
+
+
+@pytest.fixture()
+def db(tmp_path, monkeypatch):
+    """A fresh session database for this test (``PLAYGROUND_DB``)."""
+    path = tmp_path / "ui.db"
+    monkeypatch.setenv("PLAYGROUND_DB", str(path))
+    return path
+
+
+@pytest.fixture()
+def tiny(monkeypatch, llama_handle):
+    """Every model name loads the tiny random Llama (no files needed), in the runs and in the
+    page's model-info handler; ``missing-model`` fails as a missing path does."""
+    import playground.engine
+    import playground.ui.lane_config
+
+    def fake_load(spec, **kw):
+        if spec == "missing-model":
+            from playground.errors import PlaygroundError
+
+            raise PlaygroundError("model path 'missing-model' does not exist or has no config.json")
+        return llama_handle
+
+    monkeypatch.setattr(playground.engine, "load_model", fake_load)
+    monkeypatch.setattr(playground.ui.lane_config, "_load", lambda spec: fake_load(spec))
+    return llama_handle

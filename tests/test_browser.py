@@ -20,81 +20,34 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from urllib.parse import urlparse
 
-import playwright.sync_api as playwright_api
 import pytest
 
-from browser_helpers import (CHROMIUM, ROOT, App, launch_browser, step_value, token_count, wait_idle,
-                             wait_running)
+# app, browser, page: the shared fixtures of browser_helpers (a plugin of conftest.py)
+from browser_helpers import VIEW, App, load_preset, open_page, step_value, token_count, wait_idle, wait_running
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PRESET = "Greedy vs beam search vs sampling"  # three causal lanes, all on the bundled target
-VIEW = {"width": 1440, "height": 1100}
 
 
 @pytest.fixture(scope="module")
-def apps(tmp_path_factory):
-    assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM} (set PLAYGROUND_CHROMIUM)"
-    assert (ROOT / "assets" / "models" / "tiny-shakespeare" / "config.json").exists(), \
-        "the bundled tiny-shakespeare model is missing"
-    tmp = tmp_path_factory.mktemp("browser")
-    db = str(tmp / "sessions.db")
-    # One torch thread: on a busy shared CPU, more threads spin against each other.
-    main = App(db, tmp / "main.log", OMP_NUM_THREADS="1")
-    replay = App(db, tmp / "replay.log", OMP_NUM_THREADS="1", PLAYGROUND_NO_MODELS="1")
+def apps(app, tmp_path_factory):
+    """The main app and a replay-only one (PLAYGROUND_NO_MODELS=1) on the same database."""
+    tmp = tmp_path_factory.mktemp("replay")
+    replay = App(app.db, tmp / "replay.log", OMP_NUM_THREADS="1", PLAYGROUND_NO_MODELS="1")
     try:
-        main.wait()
         replay.wait()
-        yield {"main": main, "replay": replay, "db": db, "tmp": tmp}
+        yield {"main": app, "replay": replay, "db": app.db}
     finally:
-        main.stop()
         replay.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as pw:
-        b = launch_browser(pw)
-        yield b
-        b.close()
-
-
-@pytest.fixture()
-def page(browser, apps):
-    ctx = browser.new_context(viewport=VIEW)
-    p = ctx.new_page()
-    p.set_default_timeout(60_000)
-    open_page(p, apps["main"].url)
-    yield p
-    ctx.close()
-
-
-def open_page(p, url: str) -> None:
-    """Load the page and wait until its load event has filled in the lanes."""
-    p.goto(url)
-    p.wait_for_function("() => { const s = document.querySelector('#status');"
-                        " return s && s.innerText.trim().length > 0 && !s.innerText.includes('Pick a preset'); }",
-                        timeout=120_000)
-
-
-def choose(p, elem_id: str, text: str) -> None:
-    """Pick the option containing ``text`` in the Gradio dropdown ``#elem_id``."""
-    p.click(f"#{elem_id} input")
-    p.locator("[role=option]", has_text=text).first.click()
 
 
 def set_number(p, elem_id: str, value: int) -> None:
     box = p.locator(f"#{elem_id} input").first
     box.fill(str(value))
     box.press("Tab")
-
-
-def load_preset(p, title: str) -> None:
-    choose(p, "preset", title)
-    p.wait_for_function("() => document.querySelector('#status').innerText.includes('loaded')")
 
 
 def lanes_visible(p) -> list[int]:

@@ -13,66 +13,15 @@ budget and a run beyond it is refused.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import playwright.sync_api as playwright_api
 import pytest
 
-from browser_helpers import CHROMIUM, ROOT, App, launch_browser, status_text, wait_idle
+# app, browser, page: the shared fixtures of browser_helpers (a plugin of conftest.py)
+from browser_helpers import App, choose, load_preset, status_text, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-# CI installs Chromium and ships the bundled models: their absence is a failure, not a skip.
-assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM} (set PLAYGROUND_CHROMIUM)"
-assert (ROOT / "assets" / "models" / "tiny-shakespeare" / "config.json").exists(), "the bundled model is missing"
-
 PRESET = "Greedy vs beam search vs sampling"  # lanes: greedy, beam, top_p on the bundled target
-VIEW = {"width": 1440, "height": 1100}
-
-
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("browser-lanes")
-    db = str(tmp / "sessions.db")
-    a = App(db, tmp / "app.log", OMP_NUM_THREADS="1")
-    a.db = db  # type: ignore[attr-defined]  (where newest_session reads the stored runs)
-    try:
-        a.wait()
-        yield a
-    finally:
-        a.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as pw:
-        b = launch_browser(pw)
-        yield b
-        b.close()
-
-
-@pytest.fixture()
-def page(browser, app):
-    ctx = browser.new_context(viewport=VIEW)
-    p = ctx.new_page()
-    p.set_default_timeout(60_000)
-    p.goto(app.url)
-    p.wait_for_function("() => { const s = document.querySelector('#status');"
-                        " return s && s.innerText.trim().length > 0 && !s.innerText.includes('Pick a preset'); }",
-                        timeout=120_000)
-    yield p
-    ctx.close()
-
-
-def choose(p, elem_id: str, text: str) -> None:
-    """Pick the option containing ``text`` in the Gradio dropdown ``#elem_id``."""
-    p.click(f"#{elem_id} input")
-    p.locator("[role=option]", has_text=text).first.click()
-
-
-def load_preset(p, title: str) -> None:
-    choose(p, "preset", title)
-    p.wait_for_function("() => document.querySelector('#status').innerText.includes('loaded')")
 
 
 def set_number(p, selector: str, value: str) -> None:

@@ -13,39 +13,11 @@ CONTRACT_IDS = ["model", "prompt", "seed", "max-new-tokens", "preset", "run", "s
                 "share-link"] + [f"lane-{k}{s}" for k in (1, 2) for s in ("", "-decoder", "-output", "-stats")]
 
 
-@pytest.fixture(scope="module")
-def demo():
-    from playground.ui import build_app
-
-    return build_app()
-
-
+# demo, db, tiny: conftest.py
 @pytest.fixture(scope="module")
 def page(demo):
+    """The Compare page object of the app (its handlers are called directly)."""
     return demo.compare_page
-
-
-@pytest.fixture()
-def db(tmp_path, monkeypatch):
-    path = tmp_path / "ui.db"
-    monkeypatch.setenv("PLAYGROUND_DB", str(path))
-    return path
-
-
-@pytest.fixture()
-def tiny(monkeypatch, llama_handle):
-    """Every model name loads the tiny random Llama (no files needed)."""
-    import playground.engine
-
-    def fake_load(spec, **kw):
-        if spec == "missing-model":
-            from playground.errors import PlaygroundError
-
-            raise PlaygroundError("model path 'missing-model' does not exist or has no config.json")
-        return llama_handle
-
-    monkeypatch.setattr(playground.engine, "load_model", fake_load)
-    return llama_handle
 
 
 def run_args(page, lanes, prompt="ROMEO:", max_new=6, model="tiny-llama", policy="forwards"):
@@ -313,7 +285,8 @@ def test_a_tokenizer_that_produces_script_tokens_is_escaped_on_the_page(page, db
         out = raw_of(final, ui.output)
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in out
         assert "<script" not in out and "<img" not in out
-    figures = [v["value"] for v in final.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
+    drawn = page.on_draw(traces, None, None)  # the plots come from the draw chained after Run
+    figures = [v["value"] for v in drawn.values() if isinstance(v, dict) and hasattr(v.get("value"), "to_json")]
     assert figures and all("<script" not in f.to_json() for f in figures)
 
 
@@ -401,9 +374,38 @@ def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatc
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
     live = frames[1:-1]
     assert live and all(page.traces not in f for f in live)  # the state is filled in once, at the end
+    # ...and emptied by the start frame (Gradio hashes a state with a change listener around every frame)
+    assert frames[0][page.traces] == []
     assert all(not any(c in f for c in page.lanes[0].run_plots) for f in live)
     # a lane whose text did not change sends nothing: some frames carry only one lane
     assert any((page.lanes[0].output in f) != (page.lanes[1].output in f) for f in live)
+
+
+def test_the_run_stream_is_a_short_list_and_the_plots_follow_done(page, tiny, db):
+    """Run writes no inspector plot (Gradio builds a component per omitted output per frame);
+    the chained draw fills every lane's plots at the scrubber's step, after Done."""
+    frames = list(page.on_run(Session("draw"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))
+    short = set(page.run_outputs()) | {page.run_btn, page.stop_btn, page.notice}
+    assert len(short) < 40 and all(set(f) <= short for f in frames)
+    final = frames[-1]
+    assert "Done" in html_of(final, page.status) and final[page.run_btn]["interactive"] is True
+    assert final[page.step]["value"] == 5
+    up = page.on_draw(final[page.traces], final[page.step]["value"], Session("draw"))
+    assert set(up) <= set(page.draw_outputs())
+    for ui in page.lanes[:2]:
+        assert up[ui.step_plots[0]]["visible"] is True and up[ui.run_plots[0]]["visible"] is True
+        assert "step 5 of 5" in html_of(up, ui.insp_header)
+    assert page.on_draw([], 0, Session("draw")) == {}  # nothing to draw
+
+
+def test_a_step_picked_while_the_plots_are_drawn_keeps_its_plots(page, tiny, db):
+    frames = list(page.on_run(Session("scrub"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))
+    traces = frames[-1][page.traces]
+    picked = page.on_step(2, traces, Session("scrub"))  # lands before the chained draw is done
+    assert "step 2 of" in html_of(picked, page.lanes[0].insp_header)
+    up = page.on_draw(traces, 5, Session("scrub"))
+    assert page.lanes[0].insp_header not in up and page.lanes[0].step_plots[0] not in up
+    assert up[page.lanes[0].run_plots[0]]["visible"] is True
 
 
 def test_no_page_handler_is_a_public_api_endpoint(demo):

@@ -13,32 +13,11 @@ from playground.ui import state as st
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
 
 
-@pytest.fixture(scope="module")
-def demo():
-    from playground.ui import build_app
-
-    return build_app()
-
-
+# demo, db, tiny: conftest.py
 @pytest.fixture(scope="module")
 def page(demo):
+    """The Compare page object of the app (its handlers are called directly)."""
     return demo.compare_page
-
-
-@pytest.fixture()
-def db(tmp_path, monkeypatch):
-    monkeypatch.setenv("PLAYGROUND_DB", str(tmp_path / "ui.db"))
-
-
-@pytest.fixture()
-def tiny(monkeypatch, llama_handle):
-    """Every model name loads the tiny random Llama (no files needed)."""
-    import playground.engine
-    import playground.ui.lane_config
-
-    monkeypatch.setattr(playground.engine, "load_model", lambda spec, **kw: llama_handle)
-    monkeypatch.setattr(playground.ui.lane_config, "_load", lambda spec: llama_handle)
-    return llama_handle
 
 
 def run_args(page, lanes, prompt="ROMEO:", max_new=6, model="tiny-llama"):

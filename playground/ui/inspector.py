@@ -178,10 +178,10 @@ def _looked_at(request: Any, traces: list[dict[str, Any]] | None, step: int) -> 
     from playground.ui.run_session import running_runner, select_step, session_key
 
     key = session_key(request)
+    select_step(key, step)
     runner = running_runner(key)
     if runner is None:
         return list(traces or [])
-    select_step(key, step)
     return runner.latest()[1]
 
 
@@ -201,6 +201,13 @@ def slot_updates(html_comp: Any, plots: list[Any], figs: list[tuple[str, Any]]) 
         else:
             up[comp] = gr.update(visible=False)
     return up
+
+
+def pending_header(k: int, decoder: str) -> str:
+    """Lane ``k``'s inspector header while its run streams: the plots follow when it ends."""
+    return (f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k} · {esc(decoder or "?")}'
+            f'<span class="insp-where insp-pending">plots when the run ends — or scrub / click a token'
+            f'</span></div>')
 
 
 def insp_header(k: int, trace: dict[str, Any], step: int, count: int) -> str:

@@ -131,7 +131,8 @@ class LaneConfigHandlers(PageLayout):
         """Lanes ``1..n`` after a run that was refused or failed before they started: the
         reason in red in each (never a lasting "Starting…"), no stats."""
         return {**{ui.output: error_html(message) + empty_output(ui.k, "Not run.") for ui in self.lanes[:n]},
-                **{ui.stats: stats_html("") for ui in self.lanes[:n]}}
+                **{ui.stats: stats_html("") for ui in self.lanes[:n]},
+                **{ui.insp_header: f'<div class="lane-title">Lane {ui.k}</div>' for ui in self.lanes[:n]}}
 
     def count_buttons(self, n: int) -> dict[Any, Any]:
         """"+ Lane" and "− Lane" enabled only where they can do something at ``n`` lanes."""

@@ -220,6 +220,25 @@ class PageLayout:
                     ui.run_html, *ui.run_plots]
         return out
 
+    def run_outputs(self) -> list[Any]:
+        """What the Run stream writes: status, state, scrubber, comparison strip, each lane's
+        output, legend and stats — no inspector plots. Kept short on purpose: Gradio builds a
+        component for every output a frame leaves out, on every frame (the full results list
+        was about 90 outputs)."""
+        out: list[Any] = [self.status, self.traces, self.sid, self.share_link, self.step, self.progress_plot,
+                          self.divergence]
+        for ui in self.lanes:
+            # the header says the plots follow (the previous run's stay below it until then)
+            out += [ui.output, ui.legend, ui.stats, ui.insp_header]
+        return out
+
+    def draw_outputs(self) -> list[Any]:
+        """What drawing a run's inspector writes (the event chained after Run)."""
+        out: list[Any] = [self.progress_plot, self.divergence]
+        for ui in self.lanes:
+            out += [ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots, ui.run_html, *ui.run_plots]
+        return out
+
     def step_outputs(self) -> list[Any]:
         """What a scrubber move redraws."""
         out: list[Any] = [self.step]

@@ -8,9 +8,11 @@ The data path reads in one direction: Run → worker → snapshot → page.
    being prepared) and starts its worker thread: each lane is prepared in a thread of its own
    and the worker steps the lanes in lockstep, never waiting for the page.
 3. The page takes the latest published snapshot at most ``STREAM_RATE`` times per second and
-   sends only what changed: the new tokens of lanes that grew (an append), their stats, the
-   status; the comparison strip and the selected step's plots at a modest paced rate; every
-   plot once the run ends, when the session is saved.
+   sends only what changed, to a short list of outputs (:meth:`PageLayout.run_outputs`): the
+   new tokens of lanes that grew (an append), their stats, the status, and the comparison
+   strip at a modest paced rate. A step the user scrubs to while it streams is drawn from the
+   live snapshot by the inspector's own events. The Done frame (session saved, Run enabled)
+   comes first; :meth:`RunSession.on_draw`, chained after the Run event, then draws every plot.
 
 Closing the Run generator (the page went away) cancels the runner and waits for its worker
 to end; the worker also ends by itself when nobody reads it any more.
@@ -25,16 +27,22 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
+import visualizers
 from playground.errors import PlaygroundError
 from playground.ui import state as st
 from playground.ui.html import empty_output, one_line, stats_html, status_html
-from playground.ui.inspector import PlotPacer
+from playground.ui.inspector import PlotPacer, pending_header
 from playground.ui.layout import PageLayout
 
 log = logging.getLogger(__name__)
 
 STREAM_RATE = 12.0  # page frames per second at most while lanes stream (0: every publish)
 FLOOR_RATE = 2.0  # the worker's own publishing rate; the page's reads ask for the rest
+# Lane HTML the browser re-renders per second at most. Each frame replaces a growing lane's
+# whole output (Gradio sends the append, the browser rebuilds the element), so six long lanes
+# at twelve frames a second kept the browser's main thread busy for tens of seconds and Stop
+# could not even be clicked. Frames are spaced by what they cost the browser instead.
+HTML_BYTES_PER_S = 1_000_000
 JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops within one step)
 
 # Stop buttons reach the running comparison through this registry (session hash -> runner):
@@ -44,6 +52,9 @@ _RUNNERS: dict[str, Any] = {}
 _RUNNERS_LOCK = threading.Lock()
 # The step a session's user picked in the inspector while its run streams (None: follow the end).
 _SELECTED: dict[str, int] = {}
+# Sessions whose finished run's plots are still to be drawn (on_draw): True once the user
+# scrubbed or clicked a token meanwhile, so the draw leaves that step's plots alone.
+_DRAW_PENDING: dict[str, bool] = {}
 
 BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
 # Shift+Enter while this page's run streams (Run disabled): the browser says why nothing started.
@@ -76,8 +87,12 @@ class RunSession(PageLayout):
         # one that races in), and BUSY_JS says so in #run-notice, which no server frame writes
         # while the run streams.
         self.run_event = gr.on([self.run_btn.click, self.prompt.submit], self.on_run, run_inputs,
-                               self.result_outputs() + [self.run_btn, self.stop_btn, self.notice],
+                               self.run_outputs() + [self.run_btn, self.stop_btn, self.notice],
                                show_progress="hidden", trigger_mode="once", **model_event_settings())
+        # Every plot is drawn by this follow-up event, after the Done frame has re-enabled Run:
+        # the stream stays a short list of outputs, and Done never waits for a dozen figures.
+        # Not in the model group: drawing needs no model and must not queue behind a Run.
+        self.run_event.then(self.on_draw, [self.traces, self.step], self.draw_outputs(), show_progress="hidden")
         self.prompt.submit(None, None, [self.notice], js=BUSY_JS, queue=False, show_progress="hidden")
         self.stop_btn.click(self.on_stop, None, None, queue=False)
 
@@ -118,12 +133,18 @@ class RunSession(PageLayout):
         start: dict[Any, Any] = {
             self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
             self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True),
-            self.notice: ""}
-        for ui in self.lanes[:n]:
+            self.notice: "",
+            # Empty the previous run's traces: the state has a change listener (align.py), so
+            # Gradio hashes it whole around every frame, and a finished run's traces made each
+            # frame of the page's next run cost tens of milliseconds.
+            self.traces: []}
+        for ui, cfg in zip(self.lanes, lanes):
             start[ui.output] = empty_output(ui.k, "Starting…")
             start[ui.stats] = stats_html("")
+            start[ui.insp_header] = pending_header(ui.k, cfg.decoder)
         yield start
         pacer = PlotPacer()
+        outputs = {ui.output for ui in self.lanes}
         traces: list[dict[str, Any]] = []
         runner = None
         shown: dict[int, Any] = {}  # lane -> what its output shows now (so unchanged lanes send nothing)
@@ -153,31 +174,34 @@ class RunSession(PageLayout):
                     what = f", {loading} still loading" if loading else ""
                     up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
                                                   f"{what} ({now - started:.1f} s)")
-                if pacer.due("lanes", now):
-                    with pacer.timed("lanes"):
-                        up.update(self.inspector_updates(traces, _SELECTED.get(key), run_plots=False,
-                                                         follow=key not in _SELECTED))
-                        up.update(self.strip_updates(traces, follow=key not in _SELECTED))
-                elif pacer.due("strip", now):
+                # No lane plots in the stream (a step the user scrubs to or clicks is drawn at
+                # once from the live snapshot by on_step / on_token); the strip at a paced rate.
+                if pacer.due("strip", now):
                     with pacer.timed("strip"):
                         up.update(self.strip_updates(traces, follow=key not in _SELECTED))
                 yield up
+                spent = sum(len(v) for c, v in up.items() if c in outputs and isinstance(v, str))
+                rest = spent / HTML_BYTES_PER_S - (time.perf_counter() - now)
+                if rest > 0 and runner is not None:
+                    runner.join(rest)  # the worker decodes on meanwhile; Stop or the end cut this short
         except Busy as e:  # another Run of this page got there first: leave it alone
             yield {self.status: status_html(str(e), "error")}
             return
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
-            yield {self.status: status_html(str(e), "error"), **self.idle_buttons(), self.notice: "", **self.not_run(n, str(e))}
+            yield {self.status: status_html(str(e), "error"), **self.idle_buttons(), self.notice: "",
+                   **self.not_run(n, str(e))}
             return
         except Exception as e:  # noqa: BLE001 - a bug shows as one line; the log has the traceback
             log.exception("comparison failed")
             msg = one_line(f"the comparison failed: {type(e).__name__}: {e}")
             gr.Warning(msg)
-            yield {self.status: status_html(msg, "error"), **self.idle_buttons(), self.notice: "", **self.not_run(n, msg)}
+            yield {self.status: status_html(msg, "error"), **self.idle_buttons(), self.notice: "",
+                   **self.not_run(n, msg)}
             return
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
-            _SELECTED.pop(key, None)
+            picked = _SELECTED.pop(key, None)
         stopped = runner is not None and runner.cancelled
         if traces:
             # The lanes' final text and stats at once (Stop visibly took effect); saving and
@@ -203,12 +227,46 @@ class RunSession(PageLayout):
         # A lane that failed makes the whole line red and says which, never a green "Done".
         failed = [str(j + 1) for j, t in enumerate(traces) if (t.get("stats") or {}).get("error")]
         fail = f" Lane{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed (see the lane)." if failed else ""
-        up = self.result_updates(traces, metric, step=None, plots=True, sid=sid,
+        up = self.result_updates(traces, metric, step=None, plots=False, sid=sid,
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
                                                     "error" if failed else "ok" if not stopped else "info"))
+        top = max((visualizers.step_count(t) for t in traces), default=0)
+        last = max(top - 1, 0)
+        # The scrubber: the last step, or the one the user picked while the run streamed; the
+        # chained draw (on_draw) then draws every plot at it.
+        up[self.step] = gr.update(minimum=0, maximum=max(top - 1, 1),
+                                  value=last if picked is None else min(int(picked), last))
         up.update(self.idle_buttons())
         up[self.notice] = ""
+        _DRAW_PENDING[key] = False
         yield up
+
+    def on_draw(self, traces: list[dict[str, Any]] | None, step: Any, request: gr.Request) -> dict[Any, Any]:
+        """Draw every plot of the run that just ended (chained after Run), at scrubber ``step``.
+
+        A scrub or token click that lands while this draws keeps its step: the draw then
+        fills only the run plots and the strip. Nothing is drawn while this page's next run
+        streams, or when there is nothing to draw.
+        """
+        key = session_key(request)
+        if not traces or running_runner(key) is not None:
+            _DRAW_PENDING.pop(key, None)
+            return {}
+        try:
+            s = int(step) if step is not None else None
+        except (TypeError, ValueError):
+            s = None
+        up = self.inspector_updates(list(traces), s)
+        if running_runner(key) is not None:  # the page's next run started while this drew
+            _DRAW_PENDING.pop(key, None)
+            return {}
+        if _DRAW_PENDING.pop(key, False):  # the user picked a step meanwhile: leave the step plots
+            keep = {self.progress_plot, self.divergence}
+            for ui in self.lanes:
+                keep.update([ui.insp_column, ui.run_html, *ui.run_plots])
+            up = {c: v for c, v in up.items() if c in keep}
+        up.pop(self.step, None)
+        return up
 
     def on_stop(self, request: gr.Request) -> None:
         """Stop the running comparison of this browser session (lanes keep what they made).
@@ -238,9 +296,12 @@ def running_runner(key: str) -> Any:
 
 
 def select_step(key: str, step: int) -> None:
-    """Remember the step the user picked while session ``key``'s run streams (plots follow it)."""
+    """Remember the step the user picked while session ``key``'s run streams (the Done frame
+    keeps it), or while its plots are being drawn (the draw leaves it alone)."""
     if running_runner(key) is not None:
         _SELECTED[key] = int(step)
+    elif key in _DRAW_PENDING:
+        _DRAW_PENDING[key] = True
 
 
 def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
