@@ -109,6 +109,9 @@ class PageLayout:
             self.max_new = gr.Number(48, label="Max new tokens", precision=0, minimum=1,
                                      maximum=lim.max_new_tokens, elem_id="max-new-tokens", min_width=110, scale=1)
             self.policy = gr.Dropdown(st.POLICY_CHOICES, value="forwards", label="Lockstep: who steps next",
+                                      info="What the race equalises: target forwards leave draft forwards and "
+                                           "long passes free, cost charges every position a model processes at "
+                                           "its measured speed, wall time is this machine's clock.",
                                       elem_id="policy", scale=3, min_width=220)
             self.metric = gr.Dropdown(st.METRIC_CHOICES, value="auto", label="Colour tokens by", elem_id="metric",
                                       scale=2, min_width=160)
@@ -151,7 +154,7 @@ class PageLayout:
             self.focus = gr.Dropdown(st.focus_choices(self.max_lanes), value=0, label="Inspect",
                                      elem_id="focus", scale=1, min_width=150)
         with gr.Row(equal_height=False, elem_id="compare-strip"):
-            self.progress_plot = gr.Plot(label="Progress at equal compute", elem_id="progress-plot", scale=3)
+            self.progress_plot = gr.Plot(label="Progress at what the race equalises", elem_id="progress-plot", scale=3)
             self.divergence = gr.HTML("", elem_id="divergence", elem_classes=["divergence"])
         with gr.Row(elem_id="inspector", equal_height=False):
             for lane in self.lanes:
