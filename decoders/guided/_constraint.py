@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -181,14 +183,24 @@ def _parse_words(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------- tokenizer bridge
+# llguidance tokenizers per HF tokenizer, kept beside it (not on it: an attribute would make the
+# HF tokenizer impossible to deepcopy or pickle, which transformers and users do)
+_LL_TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_LL_LOCK = threading.Lock()
+
+
 def ll_tokenizer(view: Any) -> Any:
-    """The llguidance tokenizer of a model view (cached on the HF tokenizer)."""
+    """The llguidance tokenizer of a model view (cached per HF tokenizer)."""
     tok = view.tokenizer
     n_vocab = int(view.vocab_size)
     eos = sorted(int(e) for e in getattr(view, "eos_ids", set()) or ())
     key = (n_vocab, tuple(eos))
-    cache = getattr(tok, "_playground_llg", None)
-    if isinstance(cache, dict) and key in cache:
+    with _LL_LOCK:
+        try:
+            cache = _LL_TOKENIZERS.setdefault(tok, {})
+        except TypeError:  # a tokenizer that cannot be weakly referenced is just not cached
+            cache = {}
+    if key in cache:
         return cache[key]
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
@@ -204,12 +216,6 @@ def ll_tokenizer(view: Any) -> Any:
         raise
     except Exception as e:  # noqa: BLE001 - llguidance rejects tokenizers it cannot model
         raise PlaygroundError(f"constraints cannot use this model's tokenizer: {_one_line(str(e))}") from None
-    if not isinstance(cache, dict):
-        cache = {}
-        try:
-            tok._playground_llg = cache
-        except Exception:  # noqa: BLE001 - a tokenizer that refuses attributes just isn't cached
-            pass
     cache[key] = lt
     return lt
 
