@@ -17,8 +17,8 @@ import visualizers
 from playground.ui import state as st
 from playground.ui.html import empty_output, status_html
 
-STEP_SLOTS = 3  # most figures step_figures returns for one step kind
-RUN_SLOTS = 4  # most figures run_figures returns for one trace
+STEP_SLOTS = visualizers.MAX_STEP_PLOTS  # most figures step_figures returns for one step kind
+RUN_SLOTS = visualizers.MAX_RUN_PLOTS  # most figures run_figures returns for one trace
 
 # Clicking a token jumps the inspector to its step; the output box follows the newest token.
 TOKEN_CLICK_JS = """

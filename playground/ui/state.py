@@ -622,17 +622,11 @@ def focus_choices(n_lanes: int) -> list[tuple[str, int]]:
 
 # ---------------------------------------------------------------------- display
 def auto_metric(trace: dict[str, Any], metric: str) -> str:
-    """The colouring for a lane: the chosen one, or under ``auto`` the one its steps suit."""
-    if metric != "auto":
-        return metric
-    kinds = {s.get("kind") for s in (trace.get("steps") or []) if isinstance(s, dict)}
-    if "denoise" in kinds:
-        return "unmask_step"
-    if "draft" in kinds or "jacobi" in kinds:
-        return "acceptance"
-    if any(isinstance(s, dict) and isinstance(s.get("watermark"), dict) for s in trace.get("steps") or []):
-        return "watermark"
-    return "probability"
+    """The colouring for a lane: the chosen one, or under ``auto`` the one its steps suit
+    (declared by the visualizers that draw them, see :func:`visualizers.auto_metric`)."""
+    import visualizers
+
+    return visualizers.auto_metric(trace, metric)
 
 
 def share_url(root: str, sid: str) -> str:
