@@ -56,7 +56,7 @@ class DiffuSpec(SpecDecoder):
     params = SpecParams(
         gamma=Int(6, 1, 32, "tokens the diffusion model drafts per block"),
         draft_steps=Int(2, 1, 32, "denoising forwards per block (left-to-right chunks; 1 = all positions at once)"),
-        **sampling_params(1.0))
+        **sampling_params(0.0))
 
     def setup(self, ctx: Context) -> None:
         view = ctx.draft

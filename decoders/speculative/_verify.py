@@ -66,14 +66,18 @@ def rule_params() -> dict[str, Param]:
     )
 
 
-def sampling_params(temperature: float = 1.0) -> dict[str, Param]:
-    """The sampling chain of ``decoders/processors.py`` (without the stateful mirostat),
-    with this family's temperature default."""
+def sampling_params(temperature: float = 0.0) -> dict[str, Param]:
+    """The sampling chain of ``decoders/processors.py`` (without the stateful mirostat).
+
+    Every draft-and-verify decoder defaults to temperature 0 — greedy-exact: the output equals
+    the target's greedy output token for token; temperature 1 is speculative sampling, exact in
+    distribution (the target's law)."""
     specs = chain_params()
     specs.pop("mirostat_tau", None)
     specs.pop("mirostat_eta", None)
     specs["temperature"] = Float(temperature, 0.0, 10.0,
-                                 "divide logits by this; 0 = greedy (accept iff argmax), the same chain for p and q")
+                                 "divide logits by this; 0 (default) = greedy-exact (accept iff argmax), 1 = speculative sampling "
+                                 "(the target's distribution); the same chain for p and q")
     return specs
 
 

@@ -116,7 +116,7 @@ class Speculative(SpecDecoder):
     params = SpecParams(
         gamma=Int(5, 1, 32, "tokens drafted per step (γ)"),
         adaptive_h=Float(1.0, 0.0, 1.0, "SpecDec++: stop drafting once 1 - prod q(x_i) exceeds this; 1 = always γ"),
-        **rule_params(), **sampling_params(1.0))
+        **rule_params(), **sampling_params(0.0))
 
     def setup(self, ctx: Context) -> None:
         check_draft_context(ctx)
@@ -180,7 +180,7 @@ class SpecTree(SpecDecoder):
         topk=Int(3, 1, 16, "children drafted under each expanded node"),
         width=Int(3, 1, 32, "most promising nodes expanded per depth"),
         budget=Int(24, 1, 256, "maximum number of draft nodes"),
-        **rule_params(), **sampling_params(1.0))
+        **rule_params(), **sampling_params(0.0))
 
     def setup(self, ctx: Context) -> None:
         check_draft_context(ctx)
