@@ -1,4 +1,4 @@
-"""The ``playground`` command line (a contract; see ARCHITECTURE.md, "CLI and Python API").
+"""The ``playground`` command line (a contract; see docs/architecture.md).
 
 Every user error is one line on stderr and exit status 2; nothing prints a traceback for it.
 """

@@ -3,7 +3,7 @@
 A decoder yields :class:`Step` objects carrying the tokens they committed and the evidence
 of their kind (``dist``, ``tree``, ``canvas`` ...). :class:`TraceRecorder` stamps each step
 with its index, time and the *measured* forward counts of the model views, and builds the
-final :class:`Trace` with its stats. See ARCHITECTURE.md, "Traces", for the field list.
+final :class:`Trace` with its stats. See docs/architecture.md, "Trace schema", for the field list.
 
 A run with forced tokens (a branch, ``playground/force.py``) keeps them as ``force``
 (``[[position, token_id], ...]``, positions in generated tokens from 0), and each step that

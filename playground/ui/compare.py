@@ -1,6 +1,6 @@
 """The Compare page: decoders side by side, streaming, with the step inspector and sharing.
 
-Element ids are a contract (ARCHITECTURE.md, "UI"): ``#model``, ``#prompt``, ``#seed``,
+Element ids are a contract (docs/architecture.md, "Element ids"): ``#model``, ``#prompt``, ``#seed``,
 ``#max-new-tokens``, ``#preset``, ``#run``, ``#stop``, ``#lane-<k>`` with
 ``#lane-<k>-decoder``, ``#lane-<k>-output`` and ``#lane-<k>-stats``, ``#step``, ``#share``,
 ``#share-link``.
