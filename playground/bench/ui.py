@@ -373,6 +373,7 @@ def _section(args: argparse.Namespace, showdown: dict[str, Any], pairs: list[tup
     good = [x for x in loads if x == x]
     cores = os.cpu_count() or 1
     lines += ["", f"1-minute load average during the suite: {min(good):.1f}–{max(good):.1f} on {cores} cores"
-              + (" — the machine was shared with other people's jobs, so these figures are pessimistic and noisy."
-                 if good and max(good) >= cores / 2 else ".") if good else ""]
+              + (" — more than the app, Chromium and this process make by themselves: other jobs ran too, "
+                 "so these figures are pessimistic and noisy." if max(good) > cores + 0.5 else
+                 " (the app, Chromium and this process themselves, sharing the cores).") if good else ""]
     return "\n".join(lines) + "\n"
