@@ -103,7 +103,7 @@ def test_stop_keeps_what_was_made_and_saves(page, tiny, db):
     for k, up in enumerate(gen):
         final = up
         if k == 3:
-            page.on_stop(request=None)
+            page.on_stop(None, request=None)
     traces = final[page.traces]
     assert all(t["stats"]["finish_reason"] == "cancelled" for t in traces)
     assert all(0 < len(t["output_ids"]) < 200 for t in traces)
@@ -326,6 +326,22 @@ def test_closing_the_run_stream_ends_its_worker(page, tiny, db):
     assert not [t for t in __import__("threading").enumerate() if t.name.startswith("playground-compare-gone")]
 
 
+def test_stop_reaches_the_run_by_its_token_whatever_session_hash_it_comes_with(page, tiny, db):
+    # In the browser, a Stop after a refused Shift+Enter arrived under another session hash than
+    # its Run's; the token the Run wrote to #run-token (and Stop sends back) still reaches it.
+    first = page.on_run(Session("tok"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
+    start = next(first)
+    token = start[page.run_token]
+    assert token and isinstance(token, str)
+    runner, _ = _until_running(first, "tok")
+    page.on_stop("not-this-run", Session("elsewhere"))  # a stranger's token stops nothing
+    assert not runner._cancel.is_set()
+    page.on_stop(token, Session("elsewhere"))
+    final = list(first)[-1]
+    assert "Stopped" in html_of(final, page.status)
+    assert all(t["stats"]["finish_reason"] == "cancelled" for t in final[page.traces])
+
+
 def test_a_second_run_in_the_same_page_is_refused_and_stop_still_reaches_the_first(page, tiny, db):
     first = page.on_run(Session("busy"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
     runner, _ = _until_running(first, "busy")
@@ -333,7 +349,7 @@ def test_a_second_run_in_the_same_page_is_refused_and_stop_still_reaches_the_fir
     assert len(frames) == 1 and "already running" in html_of(frames[0], page.status)
     assert page.run_btn not in frames[0]  # the refused run leaves the first one's buttons alone
     assert _runner_of("busy") is runner
-    page.on_stop(Session("busy"))
+    page.on_stop(None, Session("busy"))
     final = list(first)[-1]
     assert "Stopped" in html_of(final, page.status)
     assert all(t["stats"]["finish_reason"] == "cancelled" for t in final[page.traces])
@@ -358,7 +374,7 @@ def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, monkeypatc
     gen = page.on_run(Session("prep"), *args)
     runner, _ = _until_running(gen, "prep")
     assert runner.lanes[1].preparing
-    page.on_stop(Session("prep"))
+    page.on_stop(None, Session("prep"))
     final = list(gen)[-1]
     release.set()
     traces = final[page.traces]
@@ -385,7 +401,7 @@ def test_the_run_stream_is_a_short_list_and_the_plots_follow_done(page, tiny, db
     """Run writes no inspector plot (Gradio builds a component per omitted output per frame);
     the chained draw fills every lane's plots at the scrubber's step, after Done."""
     frames = list(page.on_run(Session("draw"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))
-    short = set(page.run_outputs()) | {page.run_btn, page.stop_btn, page.notice}
+    short = set(page.run_outputs()) | {page.run_btn, page.stop_btn, page.notice, page.run_token}
     assert len(short) < 40 and all(set(f) <= short for f in frames)
     final = frames[-1]
     assert "Done" in html_of(final, page.status) and final[page.run_btn]["interactive"] is True

@@ -125,6 +125,8 @@ class PageLayout:
         # Says that a second Run (Shift+Enter while one is going) was not started. Its own element,
         # written by the browser alone: the status line is rewritten by every frame of the run.
         self.notice = gr.HTML("", elem_id="run-notice")
+        # The running comparison's token: Run writes it, Stop sends it back (see run_session).
+        self.run_token = gr.Textbox("", visible=False, elem_id="run-token")
 
         self.lane_count = gr.State(3)
         self.traces = gr.State([])

@@ -21,6 +21,7 @@ to end; the worker also ends by itself when nobody reads it any more.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -55,6 +56,10 @@ _SELECTED: dict[str, int] = {}
 # Sessions whose finished run's plots are still to be drawn (on_draw): True once the user
 # scrubbed or clicked a token meanwhile, so the draw leaves that step's plots alone.
 _DRAW_PENDING: dict[str, bool] = {}
+# Running comparisons by their run token (a value the page holds in #run-token and sends with
+# Stop). Stop cannot rely on the session hash alone: in the browser, after a refused Shift+Enter
+# a Stop request arrived under another session hash than its Run's and stopped nothing.
+_BY_TOKEN: dict[str, Any] = {}
 
 BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
 # Shift+Enter while this page's run streams (Run disabled): the browser says why nothing started.
@@ -87,14 +92,14 @@ class RunSession(PageLayout):
         # one that races in), and BUSY_JS says so in #run-notice, which no server frame writes
         # while the run streams.
         self.run_event = gr.on([self.run_btn.click, self.prompt.submit], self.on_run, run_inputs,
-                               self.run_outputs() + [self.run_btn, self.stop_btn, self.notice],
+                               self.run_outputs() + [self.run_btn, self.stop_btn, self.notice, self.run_token],
                                show_progress="hidden", trigger_mode="once", **model_event_settings())
         # Every plot is drawn by this follow-up event, after the Done frame has re-enabled Run:
         # the stream stays a short list of outputs, and Done never waits for a dozen figures.
         # Not in the model group: drawing needs no model and must not queue behind a Run.
         self.run_event.then(self.on_draw, [self.traces, self.step], self.draw_outputs(), show_progress="hidden")
         self.prompt.submit(None, None, [self.notice], js=BUSY_JS, queue=False, show_progress="hidden")
-        self.stop_btn.click(self.on_stop, None, None, queue=False)
+        self.stop_btn.click(self.on_stop, [self.run_token], None, queue=False)
 
     def wire_share(self, demo: gr.Blocks) -> None:
         """Attach Share."""
@@ -130,7 +135,9 @@ class RunSession(PageLayout):
             yield {self.status: status_html(BUSY_MESSAGE, "error")}
             return
         started = time.perf_counter()
+        token = secrets.token_urlsafe(16)
         start: dict[Any, Any] = {
+            self.run_token: token,
             self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
             self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True),
             self.notice: "",
@@ -156,6 +163,10 @@ class RunSession(PageLayout):
             for kind, payload in stream:
                 if kind == "runner":
                     runner = payload
+                    with _RUNNERS_LOCK:
+                        for t in [t for t, r in _BY_TOKEN.items() if r.finished]:
+                            del _BY_TOKEN[t]  # ended runs leave (a closed page's too)
+                        _BY_TOKEN[token] = runner
                     continue
                 traces = payload
                 for j, tr in enumerate(traces):
@@ -268,7 +279,7 @@ class RunSession(PageLayout):
         up.pop(self.step, None)
         return up
 
-    def on_stop(self, request: gr.Request) -> None:
+    def on_stop(self, token: str | None, request: gr.Request) -> None:
         """Stop the running comparison of this browser session (lanes keep what they made).
 
         It updates nothing itself: the Run stream notices within one step and shows the
@@ -276,8 +287,10 @@ class RunSession(PageLayout):
         that never showed its last frame.)
         """
         runner = running_runner(session_key(request))
-        if runner is not None:
-            runner.cancel()
+        with _RUNNERS_LOCK:
+            by_token = _BY_TOKEN.get(str(token or ""))
+        for r in {id(x): x for x in (runner, by_token) if x is not None}.values():
+            r.cancel()
 
     def on_share(self, sid: str | None, request: gr.Request) -> str:
         """Show the share link of the current session."""
