@@ -150,9 +150,6 @@ LABELS = {
     "bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT", "modernbert": "ModernBERT",
 }
 KIND_OF = {a: ("windowed" if a in WINDOWED else "recurrent" if a in RECURRENT else "full") for a in CAUSAL}
-# decoders that copy the cache once per hypothesis (``batch_repeat_interleave``): transformers
-# 5.24's recurrent cache layers have no such copy, and these decoders do not refuse yet
-BATCHED: tuple[str, ...] = ()  # every batched decoder copies its cache with decoders._cache.repeat_batch
 EXACT_VS_GENERATE = ("greedy", "beam")
 # decoders outside the speculative family that keep a model in a rolling-back DraftState
 DRAFT_STATE = ("adadec", "cntp", "ead", "spec_cascade")  # cntp/adadec roll back their rollouts
@@ -160,16 +157,12 @@ DRAFT_STATE = ("adadec", "cntp", "ead", "spec_cascade")  # cntp/adadec roll back
 
 def expected(decoder: Any, kind: str) -> tuple[str, str]:
     """(status, why) of a decoder class on a cache kind: ``exact`` (equals greedy or transformers
-    ``generate`` token for token, tested), ``runs``, ``refused`` (one line) or ``crashes``."""
+    ``generate`` token for token, tested), ``runs`` or ``refused`` (one line)."""
     from decoders.speculative._verify import SpecDecoder
 
     spec = issubclass(decoder, SpecDecoder)
     if kind == "recurrent" and (spec or decoder.name in DRAFT_STATE):
         return "refused", "a rejected draft must be cut back out of the state; Mamba's recurrent state cannot be"
-    if kind == "recurrent" and decoder.name in BATCHED:
-        return "crashes", ("copies the cache per hypothesis with `batch_repeat_interleave`, which transformers' "
-                           "recurrent layers lack; `decoders._cache.repeat_batch` does it on every layer kind "
-                           "(tested), not yet used by these decoders")
     if decoder.name in EXACT_VS_GENERATE or (spec and decoder.lossless):
         return "exact", ""
     return "runs", ""
@@ -188,7 +181,7 @@ def support_table() -> str:
              f"(the model applies its window); tree masks windowed per layer type |",
              f"| recurrent state | {heads['recurrent']} | refused in one line |",
              "", "| decoder | family | full attention | sliding window / hybrid | recurrent state |", "|---|---|---|---|---|"]
-    mark = {"exact": "exact", "runs": "yes", "refused": "refused", "crashes": "**crashes**"}
+    mark = {"exact": "exact", "runs": "yes", "refused": "refused"}
     notes: dict[str, int] = {}
     for cls in all_decoders():  # number the notes in a fixed order, so new decoders do not renumber them
         for k in kinds:

@@ -203,14 +203,6 @@ REQUIRED_KNOBS = {"constrained_beam": {"force_words": "Romeo"}}
 def _runs_or_refuses(target, draft, cls, arch):
     status, _why = expected(cls, KIND_OF[arch])
     params = dict(REQUIRED_KNOBS.get(cls.name, {}))
-    if status == "crashes":
-        try:
-            run(target, cls.name, n=6, draft=draft, **params)
-        except PlaygroundError:
-            pytest.fail(f"{cls.name} on {arch} now refuses: update expected() in tests/_arch_models.py")
-        except Exception:  # noqa: BLE001 - the known gap, still there
-            pytest.xfail(f"{cls.name} on {arch}: known gap, see docs/models.md")
-        pytest.fail(f"{cls.name} on {arch} now runs: update expected() in tests/_arch_models.py")
     if status == "refused":
         with pytest.raises(PlaygroundError) as e:
             run(target, cls.name, n=6, draft=draft, **params)
@@ -231,9 +223,6 @@ def _causal_decoders():
 def test_every_causal_decoder_runs_or_refuses(models, arch):
     target, draft = models(arch)
     for cls in _causal_decoders():
-        status, _why = expected(cls, KIND_OF[arch])
-        if status == "crashes":
-            continue  # listed in docs/models.md; xfail-tracked in the slow variant
         try:
             _runs_or_refuses(target, draft, cls, arch)
         except AssertionError as e:
