@@ -261,6 +261,11 @@ class Context:
 
 
 # ---------------------------------------------------------------------- decoders & registry
+# How a decoder may honour forced tokens (playground/force.py), and the marker that defers to its family.
+FORCE_MODES = ("loop", "view")
+FROM_FAMILY = "from_family"
+
+
 class Decoder:
     """Base class of every decoder.
 
@@ -278,6 +283,14 @@ class Decoder:
     needs_draft: ClassVar[bool] = False
     lossless: ClassVar[bool] = False
     step_kind: ClassVar[str] = "token"
+    # How the decoder honours forced tokens (playground/force.py): "loop", "view", or None to
+    # refuse them, saying ``force_refusal``. FROM_FAMILY defers to the family's declaration, so
+    # a decoder that differs from its family says so here and nowhere else.
+    force_mode: ClassVar[str | None] = FROM_FAMILY
+    force_refusal: ClassVar[str] = ""
+    # What its steps record beyond its step kind's and its family's evidence, for the catalogue
+    # (a clause starting with "; ", or empty).
+    shows: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self.finish_reason = "length"
@@ -318,25 +331,38 @@ def register(cls: type[Decoder]) -> type[Decoder]:
 
 @dataclass(frozen=True)
 class Family:
-    """A decoder family as the catalogue presents it: its section ``title``, a ``primer`` (what its
-    plots show, which decoder when, the knobs that matter) and ``shows`` (what its steps record
-    beyond their step kind's evidence: a clause starting with "; ", or empty)."""
+    """A decoder family, as its own module declares it (:func:`declare_family`).
+
+    ``title`` and ``primer`` open the family's section of the catalogue (the primer says what
+    its plots show, which decoder when, the knobs that matter); ``shows`` is what its steps
+    record beyond their step kind's evidence (a clause starting with "; ", or empty); ``order``
+    places the section (lower first; families with equal order by name). ``force_mode`` is how
+    its decoders honour forced tokens by default (``"loop"``, ``"view"``, or None: refused,
+    saying ``force_refusal``).
+    """
 
     name: str
     title: str
     primer: str = ""
     shows: str = ""
+    order: int = 1000
+    force_mode: str | None = None
+    force_refusal: str = ""
 
 
-# Families declared by their own module (declare_family). The built-in families' titles and
-# primers are prose in playground/catalogue.py; a family declared nowhere is titled by its name.
+# Every family declared by its own module (declare_family); the catalogue and playground.force
+# read their facts from here, so a new family touches nothing but its module.
 FAMILY_INFO: dict[str, Family] = {}
 
 
-def declare_family(name: str, title: str, primer: str = "", shows: str = "") -> Family:
-    """Give a family its catalogue title and primer (from the family's own module); the same
-    declaration twice is a no-op, a different one a ValueError."""
-    fam = Family(str(name), str(title), str(primer), str(shows))
+def declare_family(name: str, title: str, primer: str = "", shows: str = "", *, order: int = 1000,
+                   force_mode: str | None = None, force_refusal: str = "") -> Family:
+    """Declare a family from its own module: its catalogue title, primer, extra evidence, place
+    in the catalogue and default force mode. The same declaration twice is a no-op (a module
+    imported again), a different one a ValueError."""
+    if force_mode not in (None, *FORCE_MODES):
+        raise ValueError(f"force_mode must be one of {FORCE_MODES} or None, got {force_mode!r}")
+    fam = Family(str(name), str(title), str(primer), str(shows), int(order), force_mode, str(force_refusal))
     if not fam.name or not fam.title:
         raise ValueError("a family needs a name and a title")
     if FAMILY_INFO.get(fam.name, fam) != fam:
@@ -351,7 +377,8 @@ def forget_family(name: str) -> None:
 
 
 def family_of(name: str) -> Family:
-    """The declared family ``name``, or one titled by its name."""
+    """The declared family ``name``, or an undeclared one titled by its name (no primer, forced
+    tokens refused)."""
     return FAMILY_INFO.get(name) or Family(name, name.title())
 
 
@@ -388,7 +415,7 @@ def check_stop(ctx: Context, output: list[int], decode: Any = None) -> str | Non
 
 
 __all__ = [
-    "Bool", "Cancelled", "Choice", "Context", "Decoder", "FAMILY_INFO", "Family", "Float", "Int", "Param", "Params",
+    "Bool", "Cancelled", "Choice", "Context", "Decoder", "FAMILY_INFO", "FORCE_MODES", "FROM_FAMILY", "Family", "Float", "Int", "Param", "Params",
     "PlaygroundError", "REGISTRY", "Text", "all_decoders", "check_stop", "declare_family", "family_of", "forget_family", "get_decoder",
     "lens_param", "register", "unregister",
 ]
