@@ -19,11 +19,34 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from decoders.ar import COUPLINGS, Picker, draw, greedy_probs, token_loop
-from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, lens_param, register
+from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, declare_family, lens_param, register
 from decoders.guided._constraint import constraint_params
 from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
                                  build_chain, chain_params, check_chain)
 from playground.trace import Step
+
+
+declare_family(
+    "sampling", "Sampling: one composable processor chain",
+    order=10, force_mode="loop",
+    primer="""\
+Each step is one target forward: the model gives a next-token distribution, a chain of rules
+reshapes it, and one token is drawn. **Plots:** *Distribution* (the top-K tokens, the model's raw
+probability beside the final one after the chain, the chosen token and its rank) and, over the
+run, *Entropy and probability*. Lanes share their random numbers (`coupling=gumbel`), so a
+filtered lane differs from `sample` only where its rule cut the token `sample` drew: race them
+side by side and the first divergence shows exactly what the rule did.
+
+**Which one:** `greedy` is the deterministic baseline and the reference every lossless
+speculative decoder must reproduce. `top_p` and `min_p` are everyday sampling (min-p scales its
+cut with the top token's probability: it keeps many tokens when the model is unsure and few when
+it is sure). `typical`, `epsilon` and `eta` are other truncation rules on the same draws;
+`mirostat` holds the surprise near a target; `xtc` removes the most likely choices to force
+variety; `sample` composes any of them in any `order`.
+
+**Knobs that matter:** `temperature` (0 = greedy), one truncation knob at a time (`top_k`,
+`top_p`, `min_p`), the repetition controls (`repetition_penalty`, DRY) and `logit_lens`.""",
+)
 
 
 @register

@@ -44,6 +44,8 @@ class ContrastiveSearch(Decoder):
     )
     reference = "Su et al. 2022, A Contrastive Framework for Neural Text Generation (NeurIPS)"
     description = "Of the top-k tokens, take the most probable one least similar to its context"
+    force_mode = None
+    force_refusal = "its degeneration penalty re-ranks candidates after the model has spoken"
 
     def run(self, ctx: Context) -> Iterator[Step]:
         view = ctx.target

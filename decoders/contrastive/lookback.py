@@ -69,6 +69,8 @@ class LookBack(Decoder):
     )
     reference = "Xu et al. 2023, Look-back Decoding for Open-Ended Text Generation (EMNLP)"
     description = "Greedy until KL to an earlier step signals a loop, then sample the top-k by closeness to the prompt"
+    force_mode = None
+    force_refusal = "it re-ranks candidates by a look-ahead forward after the model has spoken"
 
     def run(self, ctx: Context) -> Iterator[Step]:
         view = ctx.target

@@ -5,3 +5,34 @@ The shared mechanics live in modules starting with ``_`` (not imported as famili
 ``_sampler`` (the one composable sampler: pluggable score, plan, blocks and token sampling).
 The named decoders, each a recipe of those choices, are in ``named`` and ``freedave``.
 """
+
+from __future__ import annotations
+
+from decoders.base import declare_family
+
+
+declare_family(
+    "diffusion", "Diffusion LM decoding",
+    order=50, force_mode=None, force_refusal="a diffusion decoder fills its canvas in no fixed order",
+    primer="""\
+A masked-diffusion LM writes on a **canvas** of mask tokens and fills it in over denoising
+steps, several positions per step and in any order; each **denoise step** is one forward over
+the whole canvas. **Plots:** the *Canvas* at a step (committed tokens, positions unmasked at
+this step highlighted, still-masked ones greyed), *Per-position metrics* (confidence, entropy,
+margin), and over the run the *Unmasking heatmap* (position x step: read the order the model
+chose), *Commits per step* (the parallelism) and confidence over steps. These decoders run on
+the bundled `tiny-shakespeare-diffusion` model, on LLaDA and Dream (remote code) and on plain
+masked LMs.
+
+**Which one:** `llada` (the reference sampler: a fixed number of commits per step, most
+confident first) and `dream` (its own schedule and token sampling); `fast_dllm` commits every
+position above a confidence threshold (many per step when the model is sure); `sched` and
+`prophet` stop refining early once the whole span, or the top-2 gap, is confident;
+`pc_sampler` reweights positions to avoid committing trivial tokens first; `credit` carries
+confidence across steps; `freedave` is lossless: the same text as one-token-per-step decoding
+in fewer forwards; `masked_diffusion` exposes every choice as a knob.
+
+**Knobs that matter:** `gen_length` (canvas size), `steps` (fewer steps = more tokens per
+step), `block_length` (semi-autoregressive blocks), `threshold` for the threshold plans and
+`temperature`.""",
+)

@@ -251,6 +251,9 @@ class SMC(Decoder):
                  "Probabilistic Programs; Loula et al. 2025, Syntactic and Semantic Control of Large "
                  "Language Models via Sequential Monte Carlo (ICLR)")
     description = "N particles reweighted by regex/keyword/length potentials, resampled when ESS is low"
+    shows = ("; plus `smc` per step: each particle's normalised weight, log weight and potential, the "
+             "effective sample size against its threshold, and whether (and from which ancestors) the "
+             "population was resampled")
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
         return True

@@ -243,6 +243,8 @@ class Watermark(ChainDecoder):
                          **constraint_params(healing=True))
     reference = "Kirchenbauer et al. 2023, A Watermark for Large Language Models (ICML)"
     description = "Sample with a green-list watermark (transformers-compatible) and track its z-score"
+    shows = ("; plus `watermark` per step: whether the token fell in its green list, the green list's "
+             "probability before and after delta, and the output's running z-score")
 
     def chain_knobs(self, params: dict[str, Any]) -> dict[str, Any]:
         return super().chain_knobs({k: v for k, v in params.items() if not k.startswith("watermark_")})
