@@ -3,11 +3,13 @@
 The catalogue is generated so it cannot drift from the code: every decoder's family, kind,
 knobs (type, default, range, help), the evidence its steps carry and the page's plots come
 from the decoder classes, ``playground.trace.STEP_KINDS`` and ``visualizers``; the paper
-links come from ``playground.papers``. What is written by hand is the prose a reader needs
-around them: a glossary, a primer per family, and the shared knob tables (shown once; each
-decoder lists only the knobs specific to it). A decoder of a family with no primer, or with a
-knob no shared table holds, still renders: its family gets a plain heading and its knobs a
-table of their own. Run ``python -m playground.catalogue`` after adding a decoder.
+links come from ``playground.papers``; each family's title, place, primer and extra evidence
+come from its own module's :func:`decoders.base.declare_family`, a decoder's extra evidence from
+its class's ``shows``. What is written here by hand is the prose around them: the introduction,
+a glossary and the shared knob tables (shown once; each decoder lists only the knobs specific
+to it). A decoder of an undeclared family, or with a knob no shared table holds, still renders:
+its family gets a plain heading and its knobs a table of their own. Run
+``python -m playground.catalogue`` after adding a decoder.
 """
 
 from __future__ import annotations
@@ -21,36 +23,11 @@ from playground.papers import scrub, short_markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "decoders.md"
 
-# What a family's steps record beyond their step kind's evidence.
-FAMILY_SHOWS = {
-    "contrastive": "; plus the paired distributions behind the contrast (`contrast`: which tokens it moved), "
-                   "the candidate table of contrastive search, DoLa's per-layer divergence and look-back's KL alarm "
-                   "with its candidates",
-}
-
-# What a decoder's steps record when it has a knob of this name and the knob is set.
-KNOB_SHOWS = {
-    "regex": "; under a constraint (`regex`, `json_schema`, `grammar`, `logit_bias`, `bad_words`, `token_healing`) "
-             "each step also records `constraint`: allowed tokens, the probability mass the constraint removed, "
-             "the top allowed and blocked tokens",
-    "watermark_gamma": "; plus `watermark` per step: whether the token fell in its green list, the green list's "
-                       "probability before and after delta, and the output's running z-score",
-    "ess_threshold": "; plus `smc` per step: each particle's normalised weight, log weight and potential, the "
-                     "effective sample size against its threshold, and whether (and from which ancestors) the "
-                     "population was resampled",
-}
-
-# Section titles, in the order the catalogue presents the families (a family not listed here
-# follows, under its own name).
-FAMILIES = {
-    "sampling": "Sampling: one composable processor chain",
-    "search": "Search",
-    "contrastive": "Contrastive",
-    "speculative": "Speculative and parallel decoding",
-    "diffusion": "Diffusion LM decoding",
-    "guided": "Guided decoding",
-    "collab": "Collaboration: a small and a large model (or a diffusion and a causal one) together",
-}
+# What the steps of a decoder that takes the constraint knobs (the shared constraint stage)
+# record; the rest of a step's evidence is declared by its step kind, family and decoder class.
+CONSTRAINT_SHOWS = ("; under a constraint (`regex`, `json_schema`, `grammar`, `logit_bias`, `bad_words`, "
+                    "`token_healing`) each step also records `constraint`: allowed tokens, the probability mass "
+                    "the constraint removed, the top allowed and blocked tokens")
 
 INTRO = """\
 Every decoder the playground runs, generated from the decoder registry by
@@ -101,134 +78,6 @@ GLOSSARY = [
     ("logit lens", "the top tokens each layer's hidden state would predict through the final norm and LM head, "
                    "recorded per step without an extra forward."),
 ]
-
-FAMILY_PRIMERS = {
-    "sampling": """\
-Each step is one target forward: the model gives a next-token distribution, a chain of rules
-reshapes it, and one token is drawn. **Plots:** *Distribution* (the top-K tokens, the model's raw
-probability beside the final one after the chain, the chosen token and its rank) and, over the
-run, *Entropy and probability*. Lanes share their random numbers (`coupling=gumbel`), so a
-filtered lane differs from `sample` only where its rule cut the token `sample` drew: race them
-side by side and the first divergence shows exactly what the rule did.
-
-**Which one:** `greedy` is the deterministic baseline and the reference every lossless
-speculative decoder must reproduce. `top_p` and `min_p` are everyday sampling (min-p scales its
-cut with the top token's probability: it keeps many tokens when the model is unsure and few when
-it is sure). `typical`, `epsilon` and `eta` are other truncation rules on the same draws;
-`mirostat` holds the surprise near a target; `xtc` removes the most likely choices to force
-variety; `sample` composes any of them in any `order`.
-
-**Knobs that matter:** `temperature` (0 = greedy), one truncation knob at a time (`top_k`,
-`top_p`, `min_p`), the repetition controls (`repetition_penalty`, DRY) and `logit_lens`.""",
-    "search": """\
-Search keeps several partial outputs (beams) per step and returns the best finished one, so a
-step is a **beam step**: its plot is the *Beam tree* (each beam's tokens, scores and parent,
-finished hypotheses marked) and the run plot the beams' scores. Sample-and-rank decoders
-(`best_of_n`, `mbr`, `arithmetic`) draw complete candidates and pick one; their last step shows
-the candidates and the scores that chose (*MBR utilities* for `mbr`). Uncertainty-triggered
-decoders (`cntp`, `adadec`) are greedy token steps until the model's entropy crosses a
-threshold, and there try several rollouts (*Rollouts*) and keep the most likely.
-
-**Which one:** `beam` (equal to transformers' `generate(num_beams=k)`) for the most probable
-output a fixed budget finds; `diverse_beam` when the beams all say the same thing;
-`uid_beam` to penalise uneven surprisal (*Surprisal curve*); `best_first_beam` for beam
-search's answer from a priority queue (*Frontier and pops*); `cntp` and `adadec` to spend
-search only where the model hesitates; `arithmetic` for diverse samples without duplicates;
-`best_of_n` and `mbr` to spend compute on choosing among samples (mbr picks the candidate that
-agrees most with the others).
-
-**Knobs that matter:** `num_beams` (cost grows with it), `length_penalty` (> 0 favours long
-outputs), `early_stopping`/`patience` (when the search counts as done), the number of candidates.""",
-    "contrastive": """\
-Contrastive decoders score each token by how a second opinion moves it: a smaller *amateur*
-model, an earlier layer, the prompt without its context, a negative prompt, or an n-gram model
-of the text so far. A step is a token step and records both distributions. **Plots:**
-*Paired distributions* (the model's own top tokens beside the contrasted ones, with the tokens
-the contrast moved), *Layer divergence* for DoLa, *Candidates* for contrastive search, and the
-chosen token's rank over the run. Second passes and amateur forwards are counted, so a race at
-equal target forwards shows what the contrast costs.
-
-**Which one:** `contrastive_search` against degenerate repetition with one model;
-`contrastive` with a small amateur in the draft slot; `dola` for factual recall (final vs an
-early layer); `cfg` to stay on the prompt's topic or away from a negative prompt; `cad` when the
-prompt holds a context the answer must use; `fsd` and `lookback` as cheap anti-repetition.
-
-**Knobs that matter:** the contrast strength (`alpha`, `beta`, `guidance_scale`), the
-plausibility cut that keeps the contrast from promoting nonsense, and `temperature`.""",
-    "speculative": """\
-Speculative decoders draft several tokens cheaply and let the target verify them all in one
-forward, so each **draft step** commits one or more tokens per target forward. **Plots:** the
-*Draft tree* of a step (each drafted token with its draft probability q and target probability
-p, the accepted path in green, the correction or bonus token that ends it) and, over the run,
-*Accepted length* and *Acceptance over time*; at a rejection the *Correction distribution*
-max(0, p - q) appears. With the default `strict` rule every decoder here is **lossless**: it
-returns `greedy`'s text at temperature 0 and the target's distribution at temperature 1, just in
-fewer target forwards. Corrections only appear when both models sample (temperature > 0).
-
-**Which one:** `speculative` with a small draft model (the classic); `spec_tree` drafts a tree
-and verifies all of it in one pass; `prompt_lookup`, `ngram_adaptive` and `token_recycling`
-need no draft model (they copy from the prompt, an n-gram table or past candidates, so they
-shine on repetitive text); `layer_skip` drafts with the target's own first layers; `mask_probe`
-with mask-token probes; `jacobi` and `lookahead` iterate a window of guesses (greedy only).
-
-**Knobs that matter:** `gamma` (tokens drafted per step: too few wastes the verification, too
-many wastes drafts), `temperature`, and `accept` (the lossy rules raise acceptance and say how
-many tokens they changed). Races default to equal target forwards, where drafting is free: read
-the wall-time and cost axes too.""",
-    "diffusion": """\
-A masked-diffusion LM writes on a **canvas** of mask tokens and fills it in over denoising
-steps, several positions per step and in any order; each **denoise step** is one forward over
-the whole canvas. **Plots:** the *Canvas* at a step (committed tokens, positions unmasked at
-this step highlighted, still-masked ones greyed), *Per-position metrics* (confidence, entropy,
-margin), and over the run the *Unmasking heatmap* (position x step: read the order the model
-chose), *Commits per step* (the parallelism) and confidence over steps. These decoders run on
-the bundled `tiny-shakespeare-diffusion` model, on LLaDA and Dream (remote code) and on plain
-masked LMs.
-
-**Which one:** `llada` (the reference sampler: a fixed number of commits per step, most
-confident first) and `dream` (its own schedule and token sampling); `fast_dllm` commits every
-position above a confidence threshold (many per step when the model is sure); `sched` and
-`prophet` stop refining early once the whole span, or the top-2 gap, is confident;
-`pc_sampler` reweights positions to avoid committing trivial tokens first; `credit` carries
-confidence across steps; `freedave` is lossless: the same text as one-token-per-step decoding
-in fewer forwards; `masked_diffusion` exposes every choice as a knob.
-
-**Knobs that matter:** `gen_length` (canvas size), `steps` (fewer steps = more tokens per
-step), `block_length` (semi-autoregressive blocks), `threshold` for the threshold plans and
-`temperature`.""",
-    "guided": """\
-Guided decoders change what may be written, not how the model scores it. **Plots:** the
-*Constraint* view of a step (allowed tokens, the probability mass the constraint removed, the
-top allowed and blocked tokens) and *Constraint over the run*; a watermarked lane colours each
-token green or red and plots its *Watermark z-score*; SMC shows its *Particles* (weights,
-ancestry, resampling) and the *Effective sample size*. Any token-step or speculative decoder
-also takes the constraint knobs (`regex`, `json_schema`, `grammar`): see
-[Constraint knobs](#constraint-knobs).
-
-**Which one:** a constraint knob on any decoder for structured output (it masks token by token,
-which can distort the distribution); `smc` to sample from the model *conditioned* on a
-constraint or potential, reweighting particles instead of masking greedily;
-`constrained_beam` when the output must contain given words; `watermark` to mark text so that a
-detector with the key recognises it.
-
-**Knobs that matter:** the constraint itself, `num_particles` and `ess_threshold` for SMC,
-`watermark_gamma` and `watermark_delta` (detectability vs quality).""",
-    "collab": """\
-Two models share the work: a small one writes where it can and a large one where it must, or a
-diffusion model drafts for a causal one. **Plots:** the *Draft tree* for the decoders that
-verify drafts (with the *Diffusion draft canvas* of `diffuspec`: its block after each
-denoising forward), and for `ead` the distribution of each step with *Who wrote each token*
-over the run (the small model's entropy against the threshold). Both models' forwards are
-counted.
-
-**Which one:** `diffuspec` (a masked-diffusion draft, verified losslessly); `spec_cascade`
-(speculative cascades: a deferral rule lets the small model's token stand when the large one
-would not do much better; lossy by design); `ead` (switch to the large model while the small
-one's entropy is high).
-
-**Knobs that matter:** `gamma`, the deferral `rule` and `alpha`, `entropy_threshold`.""",
-}
-
 
 def _anchor(title: str) -> str:
     """GitHub's heading slug: lower case, punctuation dropped (not _ or -), spaces to hyphens."""
@@ -343,7 +192,9 @@ def _shows(step_kind: str) -> str:
 
 
 def _family_order(fams: dict[str, list]) -> list[str]:
-    return [f for f in FAMILIES if f in fams] + sorted(f for f in fams if f not in FAMILIES)
+    from decoders.base import family_of
+
+    return sorted(fams, key=lambda f: (family_of(f).order, f))
 
 
 def render() -> str:
@@ -375,18 +226,17 @@ def render() -> str:
         out += [f"### {title}", "", sentence, ""] + _knob_table(shared) + [""]
 
     for fam in order:
-        declared = family_of(fam)  # a family's own module may declare its title and primer
-        out += [f"## {FAMILIES.get(fam, declared.title)}", ""]
-        primer = FAMILY_PRIMERS.get(fam, declared.primer)
-        if primer:
-            out += [primer, ""]
+        declared = family_of(fam)  # the family's own module declares its title and primer
+        out += [f"## {declared.title}", ""]
+        if declared.primer:
+            out += [declared.primer, ""]
         for c in fams[fam]:
             spec = c.spec()
             doc = scrub(inspect.cleandoc(c.__doc__ or ""))
             kind = f"- model: `{c.kind}`" + (" — needs a draft model" if c.needs_draft else "") \
                 + (" — lossless (output distribution equals the target's)" if c.lossless else "")
-            shows = f"- steps: `{c.step_kind}` — {_shows(c.step_kind)}{FAMILY_SHOWS.get(c.family, family_of(c.family).shows)}" \
-                + "".join(v for k, v in KNOB_SHOWS.items() if k in spec["params"])
+            shows = f"- steps: `{c.step_kind}` — {_shows(c.step_kind)}{family_of(c.family).shows}" \
+                + (CONSTRAINT_SHOWS if "regex" in spec["params"] else "") + c.shows
             out += [f"### {c.name}", "", f"*{scrub(spec['description'])}*", "",
                     f"- papers: {papers_markdown(c.name, c.reference)}", kind, shows]
             plots = _plots_line(c.step_kind)

@@ -19,6 +19,10 @@ Two ways to honour it, chosen per decoder (:func:`force_mode`):
 
 Decoders whose order of commitment is not left to right (diffusion), or that re-rank candidates
 after the model has spoken (contrastive search, look-back), are refused with one line.
+
+Nothing here lists decoders: a family declares its decoders' mode (and why it refuses) with
+:func:`decoders.base.declare_family`, and a decoder that differs from its family sets the class
+attributes ``force_mode`` and ``force_refusal``.
 """
 
 from __future__ import annotations
@@ -36,13 +40,6 @@ from playground.errors import PlaygroundError
 # finite (no NaN from -inf - -inf), yet far enough below that no noise or penalty revives them.
 _RULED_OUT = -1.0e4
 
-# Why a decoder cannot take forced tokens (decoder name or family -> reason).
-_REFUSED = {
-    "diffusion": "a diffusion decoder fills its canvas in no fixed order",
-    "contrastive_search": "its degeneration penalty re-ranks candidates after the model has spoken",
-    "lookback": "it re-ranks candidates by a look-ahead forward after the model has spoken",
-}
-_MODE_BY_FAMILY = {"sampling": "loop", "contrastive": "loop", "speculative": "view", "search": "view"}
 _PAIR = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
 
 
@@ -50,18 +47,19 @@ def force_mode(decoder_cls: Any) -> str:
     """``"loop"`` or ``"view"`` for a decoder class that can take forced tokens; else
     :class:`PlaygroundError` with one line saying why not.
 
-    A decoder class may say so itself with a ``force_mode`` attribute (``"loop"``, ``"view"``
-    or ``None`` to refuse); otherwise its family decides.
+    The class's own ``force_mode``/``force_refusal`` attributes decide when it sets them;
+    otherwise its family's declaration (:func:`decoders.base.family_of`) does.
     """
-    name, family = getattr(decoder_cls, "name", "?"), getattr(decoder_cls, "family", "?")
-    if hasattr(decoder_cls, "force_mode"):
-        mode = decoder_cls.force_mode
-    elif name in _REFUSED or family in _REFUSED:
-        mode = None
-    else:
-        mode = _MODE_BY_FAMILY.get(family)
-    if mode not in ("loop", "view"):
-        why = _REFUSED.get(name) or _REFUSED.get(family) or "it does not declare how to honour them (force_mode)"
+    from decoders.base import FORCE_MODES, FROM_FAMILY, family_of
+
+    name = getattr(decoder_cls, "name", "?")
+    family = family_of(getattr(decoder_cls, "family", "") or "?")
+    mode = getattr(decoder_cls, "force_mode", FROM_FAMILY)
+    why = getattr(decoder_cls, "force_refusal", "")
+    if mode == FROM_FAMILY:
+        mode, why = family.force_mode, why or family.force_refusal
+    if mode not in FORCE_MODES:
+        why = why or family.force_refusal or "it does not declare how to honour them (force_mode)"
         raise PlaygroundError(f"decoder {name!r} cannot take forced tokens: {why}")
     return mode
 

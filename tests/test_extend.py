@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import visualizers as V
-from decoders.base import (REGISTRY, Context, Decoder, Int, Params, declare_family, family_of, forget_family,
-                           register, unregister)
+from decoders.base import (FAMILY_INFO, REGISTRY, Context, Decoder, Int, Params, declare_family, family_of,
+                           forget_family, register, unregister)
 from playground.trace import STEP_KINDS, Step, Trace, declare_step_kind, forget_step_kind, token_id_keys
 
 NAME, FAMILY, KIND = "tally_greedy", "tally", "tally"
@@ -63,7 +63,8 @@ def tally():
     """Declare the family, the step kind, the decoder and its plots; remove them all afterwards."""
     import decoders  # noqa: F401 - the built-in families first, as the app has them
 
-    declare_family(FAMILY, "Tally decoding", primer="Greedy with its candidates kept.")
+    # the family says how its decoders honour forced tokens: playground.force keeps no list
+    declare_family(FAMILY, "Tally decoding", primer="Greedy with its candidates kept.", force_mode="view")
     declare_step_kind(KIND, "the top candidates of every step (ids and scores)", id_keys=("candidate_ids",))
     register(TallyGreedy)
     V.step_plot(KIND, "Tally", html=True, metric="probability")(tally_html)
@@ -101,6 +102,73 @@ def test_it_is_listed_by_the_cli_the_api_and_the_catalogue(tally, capsys):
     assert STEP_KINDS[KIND].shows in doc  # what its steps record, from the kind's declaration
     assert "## Tally decoding\n\nGreedy with its candidates kept.\n" in doc  # the family's own declaration
     assert "*Tally*" in doc  # the plot its visualizer registered
+
+
+def test_its_family_comes_after_the_built_in_ones_in_the_catalogue(tally):
+    from playground.catalogue import render
+
+    doc = render()
+    built_in = {c.family for c in __import__("decoders").all_decoders()} - {FAMILY}
+    assert all(doc.index(f"## {family_of(f).title}\n") < doc.index("## Tally decoding\n") for f in built_in)
+
+
+def test_every_built_in_family_is_declared_by_its_module_with_a_primer():
+    from decoders import all_decoders
+
+    for c in all_decoders():
+        fam = family_of(c.family)
+        assert c.family in FAMILY_INFO and fam.primer, f"{c.name}: family {c.family!r} is not declared"
+
+
+def test_it_takes_forced_tokens_as_its_family_declares(tally, llama_handle):
+    from playground.force import force_mode
+
+    assert force_mode(TallyGreedy) == "view"
+    free = _run(llama_handle)["output_ids"]
+    tok = next(t for t in range(5, 50) if t != free[2])
+    forced = _run(llama_handle, force=[[2, tok]])
+    assert forced["output_ids"][2] == tok and forced["force"] == [[2, tok]]
+    assert forced["output_ids"][:2] == free[:2]  # nothing before the forced position moves
+
+
+def test_a_decoder_that_differs_from_its_family_says_so_in_its_class(tally, llama_handle):
+    from playground.errors import PlaygroundError
+    from playground.force import force_mode
+
+    class Unforceable(TallyGreedy):
+        name = "tally_unforceable"
+        force_mode = None
+        force_refusal = "it keeps its own counsel"
+
+    register(Unforceable)
+    try:
+        with pytest.raises(PlaygroundError, match="^decoder 'tally_unforceable' cannot take forced tokens: "
+                                                  "it keeps its own counsel$"):
+            force_mode(Unforceable)
+        with pytest.raises(PlaygroundError, match="keeps its own counsel"):
+            __import__("playground.engine").engine.prepare(model=llama_handle, decoder=Unforceable.name,
+                                                           prompt="hello there", max_new_tokens=5, force=[[1, 5]])
+    finally:
+        unregister(Unforceable.name)
+
+
+def test_an_undeclared_family_refuses_forced_tokens_in_one_line():
+    from playground.errors import PlaygroundError
+    from playground.force import force_mode
+
+    class Stray(Decoder):
+        name, family = "stray", "no_such_family"
+
+    with pytest.raises(PlaygroundError, match="^decoder 'stray' cannot take forced tokens: it does not declare"):
+        force_mode(Stray)
+
+
+def test_family_declarations_are_checked():
+    with pytest.raises(ValueError, match="force_mode"):
+        declare_family("tally_bad", "Bad", force_mode="sideways")
+    with pytest.raises(ValueError, match="declared differently"):
+        declare_family("sampling", "Something else")
+    assert "tally_bad" not in FAMILY_INFO
 
 
 def test_the_page_offers_it_in_every_lane_picker(tally):
