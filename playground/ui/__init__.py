@@ -1,4 +1,6 @@
-"""The Gradio UI: a Compare page (lanes racing, step inspector, sharing) and a Sessions view.
+"""The Gradio UI: a Compare page (lanes racing, step inspector, sharing), a Sessions view, a
+Study view (a ``playground study`` file's aggregate, drilled down to any prompt) and a
+Watermark detector.
 
 ``build_app()`` returns the Blocks; ``launch(demo)`` starts it with the page's CSS and the
 hosting settings (queue, concurrency, host/port from the environment).
@@ -26,11 +28,13 @@ def css() -> str:
 
 
 def build_app() -> gr.Blocks:
-    """Build the Gradio Blocks app (Compare and Sessions tabs) with its public API endpoints
+    """Build the Gradio Blocks app (Compare, Sessions, Study and Watermark tabs) with its public API endpoints
     (``playground/ui/api_endpoints.py``); every UI handler is private to the API."""
     from playground.ui import api_endpoints
     from playground.ui.compare import ComparePage
     from playground.ui.sessions_view import SessionsView
+    from playground.ui.study_view import StudyView
+    from playground.ui.watermark_view import WatermarkView
 
     with gr.Blocks(title="Decoder Playground", fill_width=True) as demo:
         # Registered first so their API names are taken before any UI handler's.
@@ -43,11 +47,21 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Sessions", id="sessions", elem_id="tab-sessions") as sessions_tab:
                 sessions = SessionsView(page, tabs)
                 sessions.build()
+            with gr.Tab("Study", id="study", elem_id="tab-study"):
+                study = StudyView(page, tabs)
+                study.build()
+            with gr.Tab("Watermark", id="watermark", elem_id="tab-watermark"):
+                watermark = WatermarkView(page)
+                watermark.build()
         page.wire(demo)
         sessions.wire(demo, sessions_tab)
+        study.wire(demo)
+        watermark.wire(demo)
     api_endpoints.hide_ui_events(demo, public)
     demo.compare_page = page  # type: ignore[attr-defined]  (tests drive the handlers directly)
     demo.sessions_view = sessions  # type: ignore[attr-defined]
+    demo.study_view = study  # type: ignore[attr-defined]
+    demo.watermark_view = watermark  # type: ignore[attr-defined]
     return demo
 
 
