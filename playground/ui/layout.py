@@ -16,6 +16,8 @@ import gradio as gr
 import visualizers
 from playground.ui import state as st
 from playground.ui.html import empty_output, status_html
+from playground.ui.model_options import build_controls as build_model_options
+from playground.ui.model_options import option_outputs
 
 STEP_SLOTS = visualizers.MAX_STEP_PLOTS  # most figures step_figures returns for one step kind
 RUN_SLOTS = visualizers.MAX_RUN_PLOTS  # most figures run_figures returns for one trace
@@ -95,6 +97,8 @@ class PageLayout:
                 self.model_path = gr.Textbox(label="…or a local path / hub id", placeholder="/path/to/model or org/name",
                                              elem_id="model-path", max_lines=1)
                 self.model_status = gr.HTML("", elem_id="model-status")
+                # Chat template, system prompt, remote-code opt-in: playground/ui/model_options.py.
+                build_model_options(self)
             with gr.Column(scale=5, min_width=320):
                 self.prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="prompt",
                                          value=st.EXAMPLE_PROMPTS[0])
@@ -211,7 +215,7 @@ class PageLayout:
         """Everything that shows a lane configuration (apply a preset or a stored session)."""
         out: list[Any] = [self.model, self.model_path, self.prompt, self.seed, self.max_new, self.policy,
                           self.metric, self.lane_count, self.preset_state, self.preset_info, self.add_btn,
-                          self.remove_btn]
+                          self.remove_btn, *option_outputs(self)]
         for ui in self.lanes:
             out += [ui.column, ui.decoder, ui.model, ui.draft, ui.info, ui.knobs, ui.nonce]
         return out
