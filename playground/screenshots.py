@@ -3,7 +3,10 @@
 Starts the app (its own temporary database, bundled models) and headless Chromium, runs the
 presets the README shows and writes ``compare-running.png``, ``compare-finished.png``,
 ``inspector.png``, ``speculative-showdown.png`` and ``sessions.png`` to ``--out`` (default
-docs/screenshots). Tests never write these files; this command is the only writer.
+docs/screenshots), and one inspector column per step kind or evidence that docs/teaching.md's
+"Reading the plots" annotates: ``diffusion-canvas.png`` (denoise steps), ``jacobi.png``,
+``constraint.png``, ``watermark.png``, and ``divergence.png`` (the comparison strip of lanes that
+share their random numbers). Tests never write these files; this command is the only writer.
 """
 
 from __future__ import annotations
@@ -17,9 +20,19 @@ from typing import Any
 from playground.errors import PlaygroundError
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-NAMES = ("compare-running", "compare-finished", "inspector", "speculative-showdown", "sessions")
 THREE_LANES = "Greedy vs beam search vs sampling"
 SHOWDOWN = "Speculative showdown"
+# One inspector column per step kind or evidence: name -> (preset title, lane, token clicked).
+# The token picks the step: one past the first few, where the plots have something to show.
+COLUMNS = {
+    "diffusion-canvas": ("Diffusion: several tokens per step", 2, 12),  # fast_dllm: several commits a step
+    "jacobi": ("Lossless check", 4, 10),
+    "constraint": ("Guided decoding", 2, 6),  # the regex lane
+    "watermark": ("Guided decoding", 4, 20),
+}
+DIVERGENCE = "Truncation samplers"
+NAMES = ("compare-running", "compare-finished", "inspector", "speculative-showdown", "sessions",
+         *COLUMNS, "divergence")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,6 +114,41 @@ def _showdown_shot(page: Any, out: Path, written: list[str]) -> None:
     _save(out, "speculative-showdown", page.screenshot(full_page=True), written)
 
 
+def _column_shots(page: Any, want: set[str], out: Path, written: list[str]) -> None:
+    """Run each wanted column's preset once and save the inspector column of its lane."""
+    from playground.bench._browser import load_preset, wait_idle
+
+    by_preset: dict[str, list[str]] = {}
+    for name, (preset, _lane, _nth) in COLUMNS.items():
+        if name in want:
+            by_preset.setdefault(preset, []).append(name)
+    for preset, names in by_preset.items():
+        load_preset(page, preset)
+        page.click("#run")
+        wait_idle(page)
+        for name in names:
+            _preset, lane, nth = COLUMNS[name]
+            count = page.locator(f"#lane-{lane}-output .tok").count()
+            _jump_to_token(page, lane, min(nth, max(count - 1, 0)))
+            _save(out, name, page.locator(f"#inspect-{lane}").screenshot(), written)
+
+
+def _divergence_shot(page: Any, out: Path, written: list[str]) -> None:
+    """Race lanes that share their random numbers and save the comparison strip."""
+    from playground.bench._browser import load_preset, wait_idle
+
+    load_preset(page, DIVERGENCE)
+    page.click("#run")
+    wait_idle(page)
+    import visualizers
+
+    # the progress plot and every figure over all lanes the strip holds
+    plots = 1 + len(getattr(visualizers, "COMPARE_PLOTS", []))
+    _try_wait(page, f"() => document.querySelectorAll('#compare-strip .plot-container').length >= {plots}")
+    page.wait_for_timeout(1000)  # plotly's transitions
+    _save(out, "divergence", page.locator("#compare-strip").screenshot(), written)
+
+
 def _sessions_shot(page: Any, out: Path, written: list[str]) -> None:
     page.get_by_role("tab", name="Sessions").click()
     page.wait_for_function("() => { const s = document.querySelector('#sessions-status');"
@@ -119,9 +167,11 @@ def run(args: argparse.Namespace) -> int:
     from playground.bench._browser import app_and_browser, load_preset, new_page, set_number, wait_idle
     from playground.models import BUNDLED_DIR
 
-    if not all((BUNDLED_DIR / m / "config.json").exists() for m in ("tiny-shakespeare", "tiny-shakespeare-draft")):
-        raise PlaygroundError("the screenshots need the bundled models; run `playground train-tiny` first")
     want = set(args.only or NAMES)
+    models = ("tiny-shakespeare", "tiny-shakespeare-draft") + (("tiny-shakespeare-diffusion",)
+                                                               if "diffusion-canvas" in want else ())
+    if not all((BUNDLED_DIR / m / "config.json").exists() for m in models):
+        raise PlaygroundError("the screenshots need the bundled models; run `playground train-tiny` first")
     out = Path(args.out)
     written: list[str] = []
     with app_and_browser(threads=1) as (app, browser):
@@ -130,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
             _compare_shots(page, want, out, written)
         if "speculative-showdown" in want:
             _showdown_shot(page, out, written)
+        if want & set(COLUMNS):
+            _column_shots(page, want, out, written)
+        if "divergence" in want:
+            _divergence_shot(page, out, written)
         if "sessions" in want:
             if not written:  # the Sessions tab needs a stored session to show
                 load_preset(page, THREE_LANES)
