@@ -77,7 +77,8 @@ def test_lane_request_drops_the_draft_of_a_decoder_that_needs_none():
     cfg = st.LaneConfig("greedy", {}, draft="tiny-shakespeare-draft", model=None)
     req = st.lane_request(cfg, "tiny-shakespeare", "hi", 1, 8)
     assert req == {"model": "tiny-shakespeare", "decoder": "greedy", "prompt": "hi", "max_new_tokens": 8,
-                   "seed": 1, "draft": None, "params": {}}
+                   "seed": 1, "draft": None, "params": {}, "chat": False, "system_prompt": None,
+                   "trust_remote_code": False}
     cfg = st.LaneConfig("greedy", {}, model="other")
     assert st.lane_request(cfg, "tiny-shakespeare", "hi", 1, 8)["model"] == "other"
 

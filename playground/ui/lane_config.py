@@ -14,6 +14,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from playground.errors import PlaygroundError
+from playground.ui import model_options as mo
 from playground.ui import state as st
 from playground.ui.html import empty_output, error_html, human, md_text, stats_html, status_html
 from playground.ui.layout import LaneUI, PageLayout
@@ -59,12 +60,14 @@ class LaneConfigHandlers(PageLayout):
 
         self.preset.input(self.on_preset, [self.preset], self.lane_config_outputs() + [self.status])
         # Model work shares one concurrency group (loading a model races nothing else).
-        self.model.change(self.on_model, [self.model, self.model_path, self.prompt, self.max_new],
-                          [self.model_status, self.max_new],
-                          show_progress="minimal", **model_event_settings())
-        self.model_path.submit(self.on_model, [self.model, self.model_path, self.prompt, self.max_new],
-                               [self.model_status, self.max_new],
-                               show_progress="minimal", **model_event_settings())
+        model_in, model_out = self.model_io()
+        self.model.change(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
+        self.model_path.submit(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
+        mo.wire(self)
+        if self.trust_remote_code is not None:
+            # Ticking the opt-in loads the model it was refused for (and unticking says why not).
+            self.trust_remote_code.input(self.on_model, model_in, model_out, show_progress="minimal",
+                                         **model_event_settings())
         lane_setup = [c for ui in self.lanes for c in (ui.decoder, ui.knobs, ui.nonce, ui.info, ui.draft, ui.model)]
         count_outputs = [self.lane_count, self.add_btn, self.remove_btn, self.status] + [u.column for u in self.lanes]
         # Queued (not queue=False): only a queued event's reply carries the changed states, so
@@ -92,9 +95,16 @@ class LaneConfigHandlers(PageLayout):
 
         demo.load(self.on_load, None, self.page_outputs(), show_progress="hidden")
         # Warm the model cache as soon as the page opens, so the first Run starts at once.
-        demo.load(self.on_model, [self.model, self.model_path, self.prompt, self.max_new],
-                  [self.model_status, self.max_new], show_progress="minimal",
-                  **model_event_settings())
+        model_in, model_out = self.model_io()
+        demo.load(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
+
+    def model_io(self) -> tuple[list[Any], list[Any]]:
+        """Inputs and outputs of :meth:`on_model`: the page's model, prompt and budget, and the
+        remote-code opt-in where the page has one; its status, budget and chat help line."""
+        ins = [self.model, self.model_path, self.prompt, self.max_new]
+        if self.trust_remote_code is not None:
+            ins.append(self.trust_remote_code)
+        return ins, [self.model_status, self.max_new, self.chat]
 
     # ================================================================== update builders
     def config_updates(self, page: dict[str, Any], preset: str | None = None) -> dict[Any, Any]:
@@ -110,6 +120,7 @@ class LaneConfigHandlers(PageLayout):
         }
         if "metric" in page:
             up[self.metric] = page["metric"]
+        up.update(mo.option_updates(self, page))
         for j, ui in enumerate(self.lanes):
             if j < len(lanes):
                 cfg = lanes[j]
@@ -157,26 +168,33 @@ class LaneConfigHandlers(PageLayout):
         up[self.status] = status_html(msg)
         return up
 
-    def on_model(self, model: str, path: str, prompt: str = "", max_new: Any = None) -> dict[Any, Any]:
-        """Load (or find in the cache) the picked model, showing what it is and the new-token
-        budget its context leaves after the prompt."""
+    def on_model(self, model: str, path: str, prompt: str = "", max_new: Any = None,
+                 trust_remote_code: bool = False) -> dict[Any, Any]:
+        """Load (or find in the cache) the picked model, showing what it is, whether it has a
+        chat template and the new-token budget its context leaves after the prompt. A model
+        that needs its own code is not loaded until the remote-code opt-in is ticked."""
         from playground.settings import limits
 
         spec = (path or "").strip() or (model or "").strip()
         if not spec:
-            return {self.model_status: "", self.max_new: gr.update(info=None)}
+            return {self.model_status: "", self.max_new: gr.update(info=None), self.chat: gr.update(info=mo.CHAT_INFO)}
         if limits().no_models:
             return {self.model_status: status_html("Replay-only instance: models are not loaded here; shared "
                                                    "sessions still open.", "info")}
+        trust = mo.page_options(trust_remote_code=trust_remote_code)["trust_remote_code"]
         try:
-            handle = _load(spec)
+            mo.check_remote_code([spec], trust)
+            # conftest's stand-in loader takes the spec alone: the opt-in is passed only when ticked
+            handle = _load(spec, trust_remote_code=True) if trust else _load(spec)
         except PlaygroundError as e:
             gr.Warning(str(e))
-            return {self.model_status: status_html(str(e), "error"), self.max_new: gr.update(info=None)}
+            return {self.model_status: status_html(str(e), "error"), self.max_new: gr.update(info=None),
+                    self.chat: gr.update(info=mo.CHAT_INFO)}
         st.remember_model(spec, handle)
         nparams = sum(p.numel() for p in handle.model.parameters())
         return {self.model_status: status_html(f"✓ {handle.name} · {handle.kind} · {human(nparams)} parameters · "
                                                f"context {handle.context_length} tokens", "ok"),
+                self.chat: gr.update(info=mo.chat_template_note(handle)),
                 **self.on_budget(model, path, prompt, max_new)}
 
     def on_budget(self, model: str, path: str, prompt: str, max_new: Any) -> dict[Any, Any]:
@@ -287,8 +305,10 @@ class LaneConfigHandlers(PageLayout):
             return up
         page = st.session_page(session)
         up = self.config_updates(page)
+        how = mo.options_note(page["chat"], page["system_prompt"] or None)
         up[self.preset_info] = md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
-                                       f"({session['created'][:16].replace('T', ' ')} UTC) — no model loaded.")
+                                       f"({session['created'][:16].replace('T', ' ')} UTC) — no model loaded."
+                                       + (f" {st._md_escape(how)}" if how else ""))
         runs = page["runs"]
         up.update(self.result_updates(runs, page["metric"], step=None, sid=session["id"],
                                       status=status_html(f"Replaying “{session['title']}”: {len(runs)} lanes, "
@@ -323,10 +343,10 @@ _WIDGETS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _load(spec: str) -> Any:
+def _load(spec: str, trust_remote_code: bool = False) -> Any:
     from playground.models import load_model
 
-    return load_model(spec)
+    return load_model(spec, trust_remote_code=trust_remote_code)
 
 
 def _models_present(page: dict[str, Any]) -> bool:

@@ -7,6 +7,7 @@ a trace) are unit-tested without a browser.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from collections import OrderedDict
@@ -257,15 +258,23 @@ def coerce_knobs(decoder: str, knobs: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- lanes
 @dataclass
 class LaneConfig:
-    """One lane as the page holds it."""
+    """One lane as the page holds it.
+
+    ``chat``, ``system_prompt`` and ``trust_remote_code`` are the page's model options
+    (:mod:`playground.ui.model_options`), the same in every lane; they are stored once per
+    session (:func:`session_settings`), not per lane, so :meth:`to_dict` leaves them out.
+    """
 
     decoder: str = "greedy"
     params: dict[str, Any] = field(default_factory=dict)
     draft: str | None = None
     model: str | None = None  # None: the page's model
+    chat: bool = False
+    system_prompt: str | None = None
+    trust_remote_code: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (as stored in session settings and presets)."""
+        """JSON form of the lane itself (as stored in session settings and presets)."""
         d: dict[str, Any] = {"decoder": self.decoder, "params": dict(self.params), "draft": self.draft}
         if self.model:
             d["model"] = self.model
@@ -368,17 +377,35 @@ def check_lane(cfg: LaneConfig, lane: int | None = None) -> LaneConfig:
         if lane is not None:
             raise PlaygroundError(f"lane {lane} ({cfg.decoder}): pick a draft model — this decoder needs one")
         raise PlaygroundError(f"pick a draft model — {cfg.decoder} needs one")
-    return LaneConfig(decoder=cfg.decoder, params=params, draft=draft if needs_draft(cfg.decoder) else None,
-                      model=cfg.model)
+    return dataclasses.replace(cfg, params=params, draft=draft if needs_draft(cfg.decoder) else None)
+
+
+def with_options(lanes: list[LaneConfig], chat: bool = False, system_prompt: str | None = None,
+                 trust_remote_code: bool = False) -> list[LaneConfig]:
+    """``lanes`` with the page's model options set alike in every one."""
+    return [dataclasses.replace(c, chat=bool(chat), system_prompt=system_prompt if chat else None,
+                                trust_remote_code=bool(trust_remote_code)) for c in lanes]
 
 
 def lane_request(cfg: LaneConfig, page_model: str, prompt: str, seed: int, max_new_tokens: int,
                  lane: int | None = None) -> dict[str, Any]:
-    """The keyword arguments of ``engine.prepare`` for one lane (checked by :func:`check_lane`)."""
+    """The keyword arguments of ``engine.prepare`` for one lane (checked by :func:`check_lane`),
+    with the page's model options. A model that needs its own code while the page did not opt
+    in is refused here in one line that says to tick the opt-in (read from its local config, no
+    load)."""
+    from playground.ui.model_options import check_remote_code
+
     cfg = check_lane(cfg, lane)
-    return {"model": cfg.model or page_model, "decoder": cfg.decoder, "prompt": prompt,
+    model = cfg.model or page_model
+    try:
+        check_remote_code([model, cfg.draft], cfg.trust_remote_code)
+    except PlaygroundError as e:
+        raise PlaygroundError(f"lane {lane}: {e}" if lane is not None else str(e)) from None
+    return {"model": model, "decoder": cfg.decoder, "prompt": prompt,
             "max_new_tokens": int(max_new_tokens), "seed": int(seed), "draft": cfg.draft,
-            "params": dict(cfg.params)}
+            "params": dict(cfg.params), "chat": bool(cfg.chat),
+            "system_prompt": cfg.system_prompt if cfg.chat else None,
+            "trust_remote_code": bool(cfg.trust_remote_code)}
 
 
 def _knob_text(name: str, v: Any) -> str:
@@ -521,19 +548,33 @@ def preset_page(name: str) -> dict[str, Any]:
     from playground.presets import load_preset
 
     p = load_preset(name)
-    return {"name": p["name"], "title": p["title"], "description": p.get("description", ""),
+    # A preset may set chat and a system prompt (as api.plan_compare reads them), never the
+    # remote-code opt-in: that stays the user's own choice.
+    chat = bool(p.get("chat"))
+    system = p.get("system_prompt") if isinstance(p.get("system_prompt"), str) and chat else None
+    page = {"name": p["name"], "title": p["title"], "description": p.get("description", ""),
             "model": p["model"], "prompt": p["prompt"], "seed": int(p["seed"]),
             "max_new_tokens": int(p["max_new_tokens"]),
-            "policy": p.get("policy", "forwards"),
-            "lanes": [LaneConfig.from_dict(lane) for lane in p["lanes"]][:MAX_LANES]}
+            "policy": p.get("policy", "forwards"), "chat": chat,
+            "lanes": with_options([LaneConfig.from_dict(lane) for lane in p["lanes"]][:MAX_LANES], chat, system)}
+    if "system_prompt" in p:
+        page["system_prompt"] = system or ""
+    return page
 
 
 # ---------------------------------------------------------------------- sessions
 def session_settings(model: str, seed: int, max_new_tokens: int, policy: str, metric: str,
                      lanes: list[LaneConfig], preset: str | None = None) -> dict[str, Any]:
-    """The settings stored with a session (what the page needs to show it again)."""
-    return {"seed": int(seed), "max_new_tokens": int(max_new_tokens), "policy": policy, "metric": metric,
-            "preset": preset or None, "lanes": [c.to_dict() for c in lanes], "page_model": model}
+    """The settings stored with a session (what the page needs to show it again): with chat
+    on, ``chat`` and ``system_prompt`` too (the lanes' options, page-wide; the remote-code
+    opt-in is not stored, so a replay never opts its viewer in to a model's code)."""
+    out = {"seed": int(seed), "max_new_tokens": int(max_new_tokens), "policy": policy, "metric": metric,
+           "preset": preset or None, "lanes": [c.to_dict() for c in lanes], "page_model": model}
+    chat = next((c for c in lanes if c.chat), None)
+    if chat is not None:
+        out["chat"] = True
+        out["system_prompt"] = chat.system_prompt or None
+    return out
 
 
 def session_title(lanes: list[LaneConfig], preset_title: str | None = None) -> str:
@@ -553,7 +594,15 @@ def session_page(session: dict[str, Any]) -> dict[str, Any]:
                             draft=t.get("draft"), model=None if t.get("model") == session.get("model") else t.get("model"))
                  for t in runs]
     first = runs[0] if runs else {}
-    return {"title": session.get("title", ""), "model": settings.get("page_model") or session.get("model", ""),
+    # Chat as stored with the settings; sessions saved without it (the API's) by their traces.
+    if "chat" in settings:
+        chat, system = bool(settings.get("chat")), settings.get("system_prompt")
+    else:
+        chat = any(isinstance(t, dict) and t.get("chat") is True for t in runs)
+        system = next((t.get("system_prompt") for t in runs if isinstance(t, dict) and t.get("system_prompt")), None)
+    system = system if chat and isinstance(system, str) and system.strip() else None
+    lanes = with_options(lanes, chat, system)
+    return {"chat": chat, "system_prompt": system or "", "title": session.get("title", ""), "model": settings.get("page_model") or session.get("model", ""),
             "prompt": session.get("prompt", ""), "seed": _int(settings.get("seed"), _int(first.get("seed"), 0)),
             "max_new_tokens": _int(settings.get("max_new_tokens"), max(1, _int((first.get("stats") or {}).get("new_tokens"), 48))),
             "policy": settings.get("policy") if settings.get("policy") in dict(POLICY_CHOICES).values() else "forwards",
