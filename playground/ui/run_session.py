@@ -34,6 +34,7 @@ from playground.ui import state as st
 from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import PlotPacer, pending_header
 from playground.ui.layout import PageLayout
+from playground.ui.model_options import option_inputs, page_options
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class RunSession(PageLayout):
                       self.lane_count, self.preset_state]
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
+        run_inputs += option_inputs(self)  # chat, system prompt, remote-code opt-in (model_options)
         # The Run button and Shift+Enter in the prompt are ONE event. As two events with the same
         # outputs, a Shift+Enter during a run sent a second request whose refusal shared the
         # running event's outputs (buttons included) and raised a toast over the page; in the
@@ -121,6 +123,7 @@ class RunSession(PageLayout):
             lanes.append(st.LaneConfig(decoder=dec or "", params=st.coerce_knobs(dec or "", knobs or {}),
                                        draft=None if draft in (None, "", st.NO_DRAFT) or not st.needs_draft(dec) else draft,
                                        model=None if lmodel in (None, "", st.SAME_MODEL) else lmodel))
+        lanes = st.with_options(lanes, **page_options(*lane_args[4 * len(self.lanes):]))
         page_model = (model_path or "").strip() or (model or "").strip()
         try:
             seed_i, mnt = st.check_page(page_model, prompt, seed, max_new, lanes)
