@@ -44,6 +44,7 @@ class InspectorHandlers(PageLayout):
         for ui in self.lanes:
             ui.output.click(self.on_token, [self.traces, self.align], self.step_outputs() + [self.position],
                             show_progress="hidden")
+        self.branch.wire(demo)
         self.metric.change(self.on_metric, [self.metric, self.traces],
                            [c for ui in self.lanes for c in (ui.output, ui.legend, ui.stats)],
                            show_progress="hidden")
@@ -118,6 +119,7 @@ class InspectorHandlers(PageLayout):
         if run_plots:
             up[self.progress_plot] = visualizers.progress_figure(traces)
             up[self.divergence] = visualizers.divergence_html(traces)
+            up.update(compare_updates(self.compare_plots, traces))
         for j, ui in enumerate(self.lanes):
             if j >= len(traces):
                 up[ui.insp_column] = gr.update(visible=False)
@@ -183,6 +185,11 @@ def _looked_at(request: Any, traces: list[dict[str, Any]] | None, step: int) -> 
     if runner is None:
         return list(traces or [])
     return runner.latest()[1]
+
+
+def compare_updates(plots: list[Any], traces: list[dict[str, Any]]) -> dict[Any, Any]:
+    """The compare strip's figures over all lanes (``visualizers.COMPARE_PLOTS``, in order)."""
+    return {comp: fn(traces) for comp, (_title, fn) in zip(plots, visualizers.COMPARE_PLOTS)}
 
 
 def slot_updates(html_comp: Any, plots: list[Any], figs: list[tuple[str, Any]]) -> dict[Any, Any]:

@@ -79,6 +79,8 @@ class PageLayout:
     """Creates the Compare page's components (inside an open ``gr.Blocks``) and groups them."""
 
     lanes: list[LaneUI]
+    compare_plots: list[Any]
+    branch: Any  # playground.ui.branch_panel.BranchPanel
 
     def build(self) -> None:
         """Create the components (call inside ``with gr.Blocks()`` / a tab)."""
@@ -161,7 +163,15 @@ class PageLayout:
                                      elem_id="focus", scale=1, min_width=150)
         with gr.Row(equal_height=False, elem_id="compare-strip"):
             self.progress_plot = gr.Plot(label="Progress at what the race equalises", elem_id="progress-plot", scale=3)
-            self.divergence = gr.HTML("", elem_id="divergence", elem_classes=["divergence"])
+            # Figures over all lanes (visualizers.COMPARE_PLOTS), beside the first-divergence marker.
+            self.compare_plots = [gr.Plot(label=title, elem_id=compare_plot_id(fn, j), scale=3)
+                                  for j, (title, fn) in enumerate(visualizers.COMPARE_PLOTS)]
+            with gr.Column(scale=2, min_width=260):
+                self.divergence = gr.HTML("", elem_id="divergence", elem_classes=["divergence"])
+        from playground.ui.branch_panel import BranchPanel
+
+        self.branch = BranchPanel(self)  # type: ignore[arg-type]  (the page is a ComparePage)
+        self.branch.build()
         with gr.Row(elem_id="inspector", equal_height=False):
             for lane in self.lanes:
                 self._build_inspector(lane)
@@ -223,7 +233,7 @@ class PageLayout:
     def result_outputs(self) -> list[Any]:
         """Everything that shows the results of a comparison."""
         out: list[Any] = [self.status, self.traces, self.sid, self.share_link, self.step, self.progress_plot,
-                          self.divergence]
+                          self.divergence, *self.compare_plots]
         for ui in self.lanes:
             out += [ui.output, ui.legend, ui.stats, ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots,
                     ui.run_html, *ui.run_plots]
@@ -243,7 +253,7 @@ class PageLayout:
 
     def draw_outputs(self) -> list[Any]:
         """What drawing a run's inspector writes (the event chained after Run)."""
-        out: list[Any] = [self.progress_plot, self.divergence]
+        out: list[Any] = [self.progress_plot, self.divergence, *self.compare_plots]
         for ui in self.lanes:
             out += [ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots, ui.run_html, *ui.run_plots]
         return out
@@ -262,6 +272,12 @@ class PageLayout:
     def idle_buttons(self) -> dict[Any, Any]:
         """Run enabled, Stop disabled: the page between runs."""
         return {self.run_btn: gr.update(interactive=True), self.stop_btn: gr.update(interactive=False)}
+
+
+def compare_plot_id(fn: Any, j: int) -> str:
+    """The element id of compare-strip figure ``j`` (drawn by ``fn``): the divergence figure
+    is ``#divergence-plot``, any other registered one ``#compare-plot-<j>``."""
+    return "divergence-plot" if fn is visualizers.divergence_figure else f"compare-plot-{j}"
 
 
 def model_choices() -> list[Any]:

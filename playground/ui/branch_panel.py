@@ -1,0 +1,278 @@
+"""The inspector's branch panel: "what if this lane had picked another token here?"
+
+Click a token (or scrub) and the panel offers the step's recorded top-K
+(:func:`playground.branching.token_choices`) or typed text that is one token
+(:func:`~playground.branching.resolve_token`); *Branch* runs the lane — or every lane — on from
+the edited prefix as a branch of the stored session (:func:`~playground.branching.branch_session`)
+and opens it in the page: the parent's lane beside the branched one, the divergence strip and
+the forced-token plot marking where they part. A branch is an ordinary stored session (share
+link, Sessions view); *Open the parent* goes back up the tree.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from playground.errors import PlaygroundError
+from playground.ui.html import esc, one_line, status_html
+
+if TYPE_CHECKING:  # the page mixes the layout with the handlers that open sessions
+    from playground.ui.compare import ComparePage
+
+log = logging.getLogger(__name__)
+
+SCOPE_CHOICES = [("this lane only", "one"), ("every lane from this prefix", "all")]
+HINT = "Click a token in any lane (or scrub) to pick the lane and step to branch from."
+
+
+@dataclass
+class Target:
+    """What the panel would branch: a lane (0-based), its step, and what that step committed."""
+
+    lane: int
+    step: int
+    position: int | None = None
+    token: str = ""
+    problem: str = ""  # why this step cannot be branched ("" when it can)
+
+
+def lane_choices(traces: list[dict[str, Any]] | None, max_lanes: int) -> list[tuple[str, int]]:
+    """The lane picker's choices: ``("Lane k · decoder", k - 1)`` for every lane shown."""
+    traces = list(traces or [])
+    if not traces:
+        return [(f"Lane {k}", k - 1) for k in range(1, max_lanes + 1)]
+    return [(f"Lane {j + 1} · {t.get('decoder') or '?'}", j) for j, t in enumerate(traces[:max_lanes])]
+
+
+def target(traces: list[dict[str, Any]] | None, lane: Any, step: Any) -> Target:
+    """The lane and step a branch would replace a token of: the scrubber's step, clamped to the
+    lane's last step as the inspector shows it, with a one-line ``problem`` when it cannot be."""
+    from playground.branching import step_position
+
+    traces = list(traces or [])
+    j = _int(lane, 0)
+    s = max(0, _int(step, 0))
+    if not traces:
+        return Target(j, s, problem="run a comparison (or open a session) first")
+    if not 0 <= j < len(traces):
+        return Target(j, s, problem=f"the comparison has no lane {j + 1}")
+    trace = traces[j]
+    steps = trace.get("steps") or []
+    if not steps:
+        return Target(j, s, problem=f"lane {j + 1} made no step to branch from")
+    s = min(s, len(steps) - 1)
+    try:
+        pos = step_position(trace, s)
+    except PlaygroundError as e:
+        return Target(j, s, problem=str(e))
+    out = trace.get("output_ids") or []
+    text = ""
+    if pos < len(out):
+        text = (trace.get("tokens") or {}).get(str(out[pos]), f"#{out[pos]}")
+    return Target(j, s, position=pos, token=text)
+
+
+def where_html(t: Target, traces: list[dict[str, Any]] | None) -> str:
+    """The panel's line saying what a branch would replace (or why it cannot)."""
+    if t.problem:
+        return f'<div class="branch-where branch-blocked">{esc(t.problem)}</div>'
+    dec = (list(traces or [])[t.lane].get("decoder") or "?") if traces else "?"
+    return (f'<div class="branch-where" data-lane="{t.lane}" data-step="{t.step}" data-position="{t.position}">'
+            f'Lane {t.lane + 1} · {esc(dec)}, step {t.step} (output position {t.position}) committed '
+            f'<code>{esc(repr(t.token))}</code>. Put another token in its place:</div>')
+
+
+def check_can_run() -> None:
+    """Refuse on a replay-only instance: a branch runs the model."""
+    from playground.settings import limits
+
+    if limits().no_models:
+        raise PlaygroundError("branching runs the model, and model loading is disabled on this instance "
+                              "(replay only)")
+
+
+def pick_token(traces: list[dict[str, Any]], t: Target, choice: Any, typed: Any) -> int:
+    """The replacement token: typed text (one token of the lane's tokenizer, or a token id)
+    when given, else the token picked from the step's top-K."""
+    from playground.branching import resolve_token
+
+    text = "" if typed is None else str(typed)
+    if text != "":
+        tokenizer = None
+        if not text.strip().isdigit():
+            check_can_run()  # the tokenizer comes with the lane's model
+            from playground import engine
+
+            tokenizer = engine.load_model(traces[t.lane]["model"]).tokenizer
+        return resolve_token(text, tokenizer)
+    if choice in (None, ""):
+        raise PlaygroundError("pick a token from the list or type text that is one token")
+    return resolve_token(int(choice))
+
+
+def run_branch(sid: str, lane: int, token: int, step: int, scope: str) -> str:
+    """Run the branch (with the model, under the hosting's GPU wrapper) and store it; its id."""
+    from playground.branching import branch_session
+    from playground.hosting import gpu
+    from playground.store import default_store
+
+    return gpu(branch_session)(default_store(), sid, lane, token, step=step, lanes=scope)
+
+
+def branch_note(session: dict[str, Any]) -> str:
+    """One line saying what an opened branch shows and where it parts from its parent."""
+    b = session.get("branch") or {}
+    shown = repr(b["text"]) if "text" in b else f"#{b.get('token')}"
+    lane = int(b.get("lane", 0)) + 1
+    if b.get("lanes") == "all":
+        return (f"Branch: every lane continued from lane {lane}'s prefix with {shown} forced at output position "
+                f"{b.get('position')} (step {b.get('step')}). Open the parent to compare with the original.")
+    return (f"Branch: lane 1 is the parent's lane {lane} as it ran, lane 2 the same lane with {shown} forced at "
+            f"output position {b.get('position')} (step {b.get('step')}) — the strip marks where they part.")
+
+
+class BranchPanel:
+    """The branch controls of the Compare page's inspector and their handlers."""
+
+    def __init__(self, page: "ComparePage") -> None:
+        self.page = page
+
+    # ================================================================== components
+    def build(self) -> None:
+        """Create the panel (inside the page's inspector section)."""
+        page = self.page
+        with gr.Accordion("Branch: what if this lane had picked another token here?", open=False,
+                          elem_id="branch-panel", elem_classes=["branch-panel"]) as acc:
+            self.accordion = acc
+            self.where = gr.HTML(f'<div class="branch-where">{esc(HINT)}</div>', elem_id="branch-where")
+            with gr.Row(equal_height=True):
+                self.lane = gr.Dropdown(lane_choices([], page.max_lanes), value=0, label="Lane",
+                                        elem_id="branch-lane", scale=1, min_width=140)
+                self.choice = gr.Dropdown([], value=None, label="Replacement: the step's top-K (model's p)",
+                                          elem_id="branch-token", scale=3, min_width=220)
+                self.typed = gr.Textbox(label="…or type text that is one token (or a token id)",
+                                        elem_id="branch-text", max_lines=1, scale=2, min_width=180)
+            with gr.Row(equal_height=True):
+                self.scope = gr.Radio(SCOPE_CHOICES, value="one", label="Continue", elem_id="branch-scope",
+                                      scale=3, min_width=260)
+                self.button = gr.Button("Branch", variant="primary", elem_id="branch-run", scale=1, min_width=110)
+                self.parent_btn = gr.Button("Open the parent session", elem_id="branch-parent", visible=False,
+                                            scale=1, min_width=150)
+            self.status = gr.HTML("", elem_id="branch-status")
+        self.parent = gr.State(None)
+
+    def pick_outputs(self) -> list[Any]:
+        """What picking a lane and step rewrites."""
+        return [self.where, self.lane, self.choice, self.typed]
+
+    # ================================================================== events
+    def wire(self, demo: gr.Blocks) -> None:
+        """Attach token clicks, scrubbing, the lane picker, Branch and Open the parent."""
+        from playground.hosting import model_event_settings
+
+        page = self.page
+        for ui in page.lanes:
+            ui.output.click(self.on_click, [page.traces, self.lane], self.pick_outputs() + [self.accordion],
+                            show_progress="hidden")
+        page.step.input(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
+                        show_progress="hidden", trigger_mode="always_last")
+        self.lane.input(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
+                        show_progress="hidden")
+        # a finished run or an opened session (a branch too) fills the traces
+        page.traces.change(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
+                           show_progress="hidden")
+        page.sid.change(self.on_sid, [page.sid], [self.parent, self.parent_btn], show_progress="hidden")
+        # The status first, unqueued: the page says at once that the branch is on its way (it may
+        # wait for a model slot); the model work follows in the shared model group.
+        self.button.click(self.on_pressed, None, [self.status, self.button], queue=False, show_progress="hidden") \
+            .then(self.on_branch, [page.sid, page.traces, self.lane, page.step, self.choice, self.typed, self.scope],
+                  page.page_outputs() + [self.status, self.button], show_progress="hidden",
+                  **model_event_settings())
+        self.parent_btn.click(self.on_parent, [self.parent], page.page_outputs() + [self.status],
+                              show_progress="hidden")
+
+    # ================================================================== handlers
+    def on_pick(self, traces: list[dict[str, Any]] | None, lane: Any, step: Any) -> dict[Any, Any]:
+        """Show what branching lane ``lane`` at ``step`` would replace, and its top-K."""
+        from playground.branching import token_choices
+
+        t = target(traces, lane, step)
+        choices = [] if t.problem else token_choices(list(traces or [])[t.lane], t.step)
+        return {self.where: where_html(t, traces),
+                self.lane: gr.update(choices=lane_choices(traces, self.page.max_lanes), value=t.lane),
+                self.choice: gr.update(choices=choices, value=None), self.typed: ""}
+
+    def on_click(self, traces: list[dict[str, Any]] | None, lane: Any, evt: gr.EventData) -> dict[Any, Any]:
+        """A token was clicked: branch from its lane and step (the panel opens)."""
+        data = getattr(evt, "_data", None) or {}
+        try:
+            step = int(data.get("step"))
+        except (TypeError, ValueError):
+            return {}
+        clicked = data.get("lane")
+        lane = clicked - 1 if isinstance(clicked, int) and clicked >= 1 else lane
+        return {**self.on_pick(traces, lane, step), self.accordion: gr.update(open=True)}
+
+    def on_sid(self, sid: Any) -> dict[Any, Any]:
+        """The page shows another session: offer its parent when it is a branch."""
+        parent = None
+        if sid:
+            try:
+                from playground.store import default_store
+
+                parent = default_store().load_session(str(sid)).get("parent")
+            except PlaygroundError:
+                parent = None
+        return {self.parent: parent, self.parent_btn: gr.update(visible=bool(parent))}
+
+    def on_pressed(self) -> dict[Any, Any]:
+        """Branch was pressed: say so at once and hold the button until the branch is shown."""
+        return {self.status: status_html("Branching… (running the lane on from the edited prefix)"),
+                self.button: gr.update(interactive=False)}
+
+    def on_branch(self, sid: Any, traces: list[dict[str, Any]] | None, lane: Any, step: Any, choice: Any,
+                  typed: Any, scope: Any) -> dict[Any, Any]:
+        """Run the branch, store it and open it in the page; a failure is one line."""
+        done = {self.button: gr.update(interactive=True)}
+        try:
+            check_can_run()
+            t = target(traces, lane, step)
+            if t.problem:
+                raise PlaygroundError(t.problem)
+            if not sid:
+                raise PlaygroundError("this comparison is not stored yet: run it (or open a session) first")
+            token = pick_token(list(traces or []), t, choice, typed)
+            bid = run_branch(str(sid), t.lane, token, t.step, scope if scope in ("one", "all") else "one")
+        except PlaygroundError as e:
+            return {self.status: status_html(one_line(str(e)), "error"), **done}
+        except Exception as e:  # noqa: BLE001 - a bug is one line in the page; the log has the traceback
+            log.exception("branch failed")
+            return {self.status: status_html(one_line(f"the branch failed: {type(e).__name__}: {e}"), "error"),
+                    **done}
+        up = self.page.open_session(bid)
+        from playground.store import default_store
+
+        up[self.status] = status_html(branch_note(default_store().load_session(bid)), "ok")
+        up.update(done)
+        return up
+
+    def on_parent(self, parent: Any) -> dict[Any, Any]:
+        """Open the parent of the branch the page shows."""
+        if not parent:
+            return {self.status: status_html("this session is not a branch", "error")}
+        return {**self.page.open_session(parent), self.status: ""}
+
+
+def _int(x: Any, default: int) -> int:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return default
+
+
+__all__ = ["BranchPanel", "SCOPE_CHOICES", "Target", "branch_note", "check_can_run", "lane_choices", "pick_token",
+           "run_branch", "target", "where_html"]
