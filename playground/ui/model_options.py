@@ -106,12 +106,13 @@ def check_remote_code(specs: list[str | None], trusted: bool) -> None:
 
 def chat_template_note(handle: Any) -> str:
     """The chat checkbox's help line once the page's model is loaded: whether it has a template."""
+    from playground.models.chat import has_chat_template
+
     name = getattr(handle, "name", "the model")
-    try:
-        has = bool(handle.has_chat_template())
-    except Exception:  # noqa: BLE001 - a handle without the method: say nothing more than the default
+    tokenizer = getattr(handle, "tokenizer", None)
+    if tokenizer is None:
         return CHAT_INFO
-    if has:
+    if has_chat_template(tokenizer):
         return f"{CHAT_INFO} {name} has a chat template."
     return f"{CHAT_INFO} {name} has none: with chat on, its lanes stop with one line saying so."
 
