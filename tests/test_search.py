@@ -444,6 +444,39 @@ def test_best_first_beam_returns_beams_answer_with_fewer_expansions(llama, k, pr
     assert f.stats["best_score"] == pytest.approx(b.stats["sequences"][0]["score"], abs=1e-4)
     assert f.stats["expansions"] <= beam_expansions(b, k)
     assert f.stats["target_forwards"] == f.stats["waves"]  # one batched forward per wave
+    assert f.stats["target_forwards"] <= b.stats["target_forwards"]
+
+
+@pytest.fixture(scope="module")
+def shakespeare():
+    """The bundled tiny-shakespeare model (real text: stops such as a newline really end hypotheses)."""
+    from playground.models import load_model
+
+    return load_model("tiny-shakespeare")
+
+
+@pytest.mark.parametrize("stop_text", [None, "\n", ","])
+def test_best_first_beam_needs_no_more_forwards_than_beam(shakespeare, llama, stop_text):
+    """Best-first's waves batch hypotheses of mixed lengths into one forward: beam search's
+    answer with at most beam search's forward passes (counted by the same model view), on the
+    bundled model and the tiny random Llama, several prompts and beam widths."""
+    saved = 0
+    for handle in (shakespeare, llama):
+        for k in (2, 4, 8):
+            for prompt in PROMPTS:
+                if stop_text is None:
+                    stop = None
+                elif handle is llama:
+                    stop = a_stop_token(llama, prompt, k)
+                else:
+                    (stop,) = handle.tokenizer.encode(stop_text, add_special_tokens=False)
+                b = run(handle, "beam", prompt, 16, {"num_beams": k, "length_penalty": 0.0}, stop)
+                f = run(handle, "best_first_beam", prompt, 16, {"num_beams": k}, stop)
+                assert f.output_ids == b.output_ids, (handle.name, k, prompt)
+                assert f.stats["target_forwards"] <= b.stats["target_forwards"], (handle.name, k, prompt)
+                saved += b.stats["target_forwards"] - f.stats["target_forwards"]
+    if stop_text is not None:  # hypotheses finish early: the lazy search skips whole lengths
+        assert saved > 0
 
 
 def test_best_first_beam_trace_shows_frontier_and_pops(llama):

@@ -45,13 +45,18 @@ class BestFirstBeam(Decoder):
     pops are exactly the hypotheses beam search keeps, so the answer is beam search's with
     ``length_penalty=0`` — reached lazily: beams beam search would still extend after the
     winner is settled are never expanded.
-    Consecutive pops of the same length are expanded together in one batched forward (a
-    *wave*); each step is a wave, showing the popped hypotheses, the queue's best entries
-    (``frontier``) and the pop counts per length (``pops``). ``stats.expansions`` counts
-    expanded hypotheses (the paper's measure), to set against beam search's
-    ``num_beams`` per step. Simplifies: each wave re-reads its hypotheses from the prompt
-    without a KV cache (equal lengths batch without padding); no length normalisation (it
-    would break the monotone score the method needs).
+    Several pops share one batched forward (a *wave*, see :func:`take_wave`): entries are
+    taken best first while the order is settled — none deeper than one already taken, and
+    up to the first finished one — so each length's pops keep one-at-a-time best-first's
+    order and the answer is unchanged (a wave may expand a few hypotheses the one-at-a-time
+    search would never reach), and the search needs no more forward passes than beam
+    search's one per length (measured, not proven: see tests/test_search.py). Each step is a
+    wave, showing the popped hypotheses, the queue's best entries (``frontier``) and the pop
+    counts per length (``pops``). ``stats.expansions`` counts expanded hypotheses (the
+    paper's measure), to set against beam search's ``num_beams`` per step.
+    Simplifies: each wave re-reads its hypotheses from the prompt without a KV cache (rows
+    padded on the right); no length normalisation (it would break the monotone score the
+    method needs).
     """
 
     name = "best_first_beam"
@@ -71,33 +76,24 @@ class BestFirstBeam(Decoder):
         best: Entry | None = None
         while queue:
             ctx.check_cancel()
-            if queue[0].finished:
-                e = heapq.heappop(queue)
-                if pops[len(e.ids)] >= k:
-                    dropped += 1
-                    continue
+            e = queue[0]
+            if pops[len(e.ids)] >= k:  # the beam constraint: this length is settled
+                heapq.heappop(queue)
+                dropped += 1
+                continue
+            if e.finished:  # nothing pending can outscore it: beam search's answer
+                heapq.heappop(queue)
                 pops[len(e.ids)] += 1
                 best = e
                 yield Step("beam", [], beams=[{**e.show(), "parent": None, "popped": True}],
                            frontier=[x.show() for x in heapq.nsmallest(FRONTIER_SHOWN, queue)],
                            pops={str(d): c for d, c in sorted(pops.items())}, wave=waves)
                 break
-            depth = len(queue[0].ids)
-            wave: list[Entry] = []
-            while queue and not queue[0].finished and len(queue[0].ids) == depth and len(wave) < k:
-                e = heapq.heappop(queue)
-                if pops[depth] >= k:
-                    dropped += 1
-                    continue
-                pops[depth] += 1
-                wave.append(e)
-            if not wave:
-                continue
+            wave, n_dropped = take_wave(queue, pops, k)
+            dropped += n_dropped
             waves += 1
             expansions += len(wave)
-            ids = torch.tensor([list(ctx.prompt_ids) + e.ids for e in wave], dtype=torch.long)
-            logits = ctx.target.forward(ids, use_cache=False).logits[:, -1]
-            logprobs = torch.log_softmax(logits.float(), -1)
+            logprobs = last_logprobs(ctx, [e.ids for e in wave])
             for row, e in enumerate(wave):
                 # float32 accumulation, as beam search's running scores
                 acc = logprobs[row] + torch.tensor(e.score, dtype=torch.float32)
@@ -115,3 +111,56 @@ class BestFirstBeam(Decoder):
         self.finish_reason = finish_reason_of(ctx, best.ids)
         self.extra_stats.update(expansions=expansions, waves=waves, dropped=dropped,
                                 best_score=round(best.score, 5))
+
+
+def take_wave(queue: list[Entry], pops: Counter[int], k: int) -> tuple[list[Entry], int]:
+    """Pop the hypotheses one batched forward may expand without changing the pop order.
+
+    One-at-a-time best-first pops the best entry, expands it, pops the next best. A wave takes
+    entries in score order as long as that order is already settled: an entry whose length is
+    not deeper than every entry taken so far cannot be outscored, at its length, by a child of
+    those (children are one longer and score no higher than their parent), so it would be
+    popped next anyway. A deeper entry is held back (an earlier one's child may still claim its
+    length's slot first); a finished entry ends the wave (an earlier one's descendants may
+    still outscore it). Entries of a settled length are dropped on the way. Returns the wave,
+    best first, and the count dropped; held entries go back to the queue.
+    """
+    wave: list[Entry] = []
+    held: list[Entry] = []
+    floor = None  # the shallowest length taken so far
+    dropped = 0
+    while queue:
+        e = heapq.heappop(queue)
+        depth = len(e.ids)
+        if pops[depth] >= k:
+            dropped += 1
+            continue
+        if e.finished:
+            held.append(e)
+            break
+        if floor is not None and depth > floor:
+            held.append(e)
+            continue
+        pops[depth] += 1
+        wave.append(e)
+        floor = depth
+    for e in held:
+        heapq.heappush(queue, e)
+    return wave, dropped
+
+
+def last_logprobs(ctx: Context, rows: list[list[int]]) -> torch.Tensor:
+    """Next-token log-probs after each continuation of the prompt, in one batched forward.
+
+    Rows of different lengths are padded on the right: under a causal mask a position never
+    sees the padding after it, so each row's last real position reads exactly its own prefix
+    with the default positions, no attention mask needed.
+    """
+    prompt = list(ctx.prompt_ids)
+    width = len(prompt) + max(len(r) for r in rows)
+    pad = prompt[-1] if prompt else 0  # any id: nothing reads it
+    ids = torch.tensor([prompt + r + [pad] * (width - len(prompt) - len(r)) for r in rows], dtype=torch.long)
+    last = torch.tensor([len(prompt) + len(r) - 1 for r in rows], dtype=torch.long)
+    logits = ctx.target.forward(ids, use_cache=False).logits
+    picked = logits[torch.arange(len(rows), device=logits.device), last.to(logits.device)]
+    return torch.log_softmax(picked.float(), -1).cpu()
