@@ -395,6 +395,22 @@ class Store:
                 "parent": s["parent_id"], "branch": json.loads(s["branch"]) if s["branch"] else None,
                 "branches": children}
 
+    def session_summary(self, sid: str) -> dict[str, Any]:
+        """What a listing shows of one session (id, title, model, created, decoders in lane order,
+        parent, branch, branch ids) without reading its traces: cheap at any trace size."""
+        _check_id(sid)
+        with self._lock:
+            s = self.conn.execute("SELECT title, model, created, parent_id, branch FROM sessions WHERE id = ?",
+                                  (sid,)).fetchone()
+            if s is None:
+                raise PlaygroundError(f"no session with id {sid}")
+            decoders = [r[0] for r in self.conn.execute(
+                "SELECT decoder FROM runs WHERE session_id = ? ORDER BY lane", (sid,))]
+            kids = [r[0] for r in self.conn.execute(
+                "SELECT id FROM sessions WHERE parent_id = ? ORDER BY created, rowid", (sid,))]
+        return {"id": sid, "title": s[0], "model": s[1], "created": s[2], "decoders": decoders,
+                "parent": s[3], "branch": json.loads(s[4]) if s[4] else None, "branches": kids}
+
     def list_sessions(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Sessions (id, title, model, decoders in lane order, created, parent, branch), newest
         first; at most ``limit``."""
