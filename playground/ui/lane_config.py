@@ -93,7 +93,10 @@ class LaneConfigHandlers(PageLayout):
         """Attach the page-load events: the default page (or a shared session) and model status."""
         from playground.hosting import model_event_settings
 
-        demo.load(self.on_load, None, self.page_outputs(), show_progress="hidden")
+        from playground.ui.sessions_view import chain_replay
+
+        # A shared session's text comes first; its plots follow in chained frames (sessions_view).
+        chain_replay(self, demo.load(self.on_load, None, self.page_outputs(), show_progress="hidden"))
         # Warm the model cache as soon as the page opens, so the first Run starts at once.
         model_in, model_out = self.model_io()
         demo.load(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
@@ -264,7 +267,9 @@ class LaneConfigHandlers(PageLayout):
         params = dict(getattr(request, "query_params", {}) or {}) if request is not None else {}
         sid = params.get("session")
         if sid is not None:
-            return self.open_session(sid)
+            from playground.ui.sessions_view import replay_frame
+
+            return replay_frame(self, sid, request)
         return self.default_page()
 
     def default_page(self) -> dict[Any, Any]:
