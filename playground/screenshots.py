@@ -5,7 +5,7 @@ presets the README shows and writes ``compare-running.png``, ``compare-finished.
 ``inspector.png``, ``speculative-showdown.png`` and ``sessions.png`` to ``--out`` (default
 docs/screenshots), and one inspector column per step kind or evidence that docs/teaching.md's
 "Reading the plots" annotates: ``diffusion-canvas.png`` (denoise steps), ``jacobi.png``,
-``constraint.png``, ``watermark.png``, and ``divergence.png`` (the comparison strip of lanes that
+``constraint.png``, ``watermark.png``, ``particles.png`` (SMC), and ``divergence.png`` (the comparison strip of lanes that
 share their random numbers). Tests never write these files; this command is the only writer.
 """
 
@@ -29,6 +29,7 @@ COLUMNS = {
     "jacobi": ("Lossless check", 4, 10),
     "constraint": ("Guided decoding", 2, 6),  # the regex lane
     "watermark": ("Guided decoding", 4, 20),
+    "particles": ("Guided decoding", 5, 10),  # smc
 }
 DIVERGENCE = "Truncation samplers"
 NAMES = ("compare-running", "compare-finished", "inspector", "speculative-showdown", "sessions",
