@@ -1,0 +1,75 @@
+"""The Study and Watermark tabs in a real browser (headless Chromium driven by Playwright).
+
+Covered: a study file in the server's data folder opens by name, its aggregate table and a
+figure show, and "Open in Compare" replays the chosen prompt's comparison in the Compare tab;
+the Watermark tab scores a watermarked text above the threshold and colours its tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from playground.store import Store
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PROMPT = "ROMEO.\nBut soft, what light"
+
+
+@pytest.fixture(scope="module")
+def study(app):
+    """A two-prompt study written beside the app's own database (its data folder)."""
+    from playground.cli import main
+    from playground.study import DEFAULT_PROMPTS, read_prompts
+
+    folder = Path(app.db).parent
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": k, "prompt": p}) + "\n" for k, p in read_prompts(DEFAULT_PROMPTS)[:2]))
+    out = folder / "study.db"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["study", "--prompts", str(prompts), "--lanes", "greedy,top_p", "--max-new-tokens", "5",
+                     "--seed", "1", "--no-progress", "--out", str(out), "--json"]) == 0
+    return out, json.loads(buf.getvalue())
+
+
+def test_study_tab_opens_a_study_and_a_prompts_comparison(page, study):
+    out, printed = study
+    page.get_by_role("tab", name="Study").click()
+    page.locator("#study-path input, #study-path textarea").first.fill("study.db")
+    page.click("#study-open")
+    page.wait_for_function("() => document.querySelector('#study-status').innerText.includes('2 prompts')")
+    table = page.locator("#study-table").inner_text()
+    assert "greedy" in table and "top_p" in table
+    page.locator("#study-figure .js-plotly-plot").first.wait_for()
+    key = list(printed["sessions"])[0]
+    assert key in page.locator("#study-prompt input").input_value()
+    page.click("#study-open-compare")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Replaying')")
+    with Store(out) as s:
+        stored = s.load_session(printed["sessions"][key])
+    shown = page.locator("#lane-1-output .tok-output").evaluate("e => e.textContent")
+    assert shown.replace("↵", "") == stored["runs"][0]["text"]  # ↵ marks a newline token
+    assert page.locator("#lane-2-decoder input").input_value().endswith("top_p")
+
+
+def test_watermark_tab_detects_a_watermarked_text(page):
+    import playground
+
+    marked = playground.generate(model="tiny-shakespeare", decoder="watermark", prompt=PROMPT, max_new_tokens=48,
+                                 seed=1)
+    page.get_by_role("tab", name="Watermark").click()
+    page.locator("#wm-text textarea").fill(marked["text"])
+    page.locator("#wm-prompt textarea, #wm-prompt input").first.fill(PROMPT)
+    page.click("#wm-detect")
+    page.wait_for_function("() => document.querySelector('#wm-status').innerText.includes('z = ')")
+    status = page.locator("#wm-status").inner_text()
+    assert "watermarked" in status and "no watermark" not in status
+    assert page.locator("#wm-tokens .tok.wm[data-green=true]").count() > page.locator(
+        "#wm-tokens .tok.wm[data-green=false]").count()
+    page.locator("#wm-z .js-plotly-plot").first.wait_for()
