@@ -118,7 +118,9 @@ def test_forcing_another_token_changes_the_lane_from_that_step_on_and_nothing_be
     assert run["force"] == [[step, other]]
     # in the page: parent's lane beside the branch, the split and the forced token marked
     assert [t["output_ids"] for t in up[page.traces]] == [parent["output_ids"], run["output_ids"]]
-    assert f"first diverge at position {step}" in text_of(up, page.divergence)
+    strip = text_of(up, page.divergence)
+    assert f"first diverge at position {step}" in strip and f"forced at position {step}" in strip
+    assert f'class="tok forced" data-lane="1" data-step="{step}"' in up[page.divergence]
     fig = up[page.compare_plots[0]]
     assert any(t.name == "forced token" and list(t.x) == [step] for t in fig.data)
     assert any(title == "Forced tokens" for title in _run_plot_titles(up, page.lanes[1]))

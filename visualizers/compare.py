@@ -202,6 +202,17 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None
 
 
+def forced_positions(trace: dict[str, Any]) -> list[int]:
+    """The output positions a trace was told to emit a given token at (a branch's ``force``)."""
+    out = set()
+    for pair in trace.get("force") or []:
+        try:
+            out.add(int(pair[0]))
+        except (TypeError, ValueError, IndexError, KeyError):
+            continue
+    return sorted(out)
+
+
 def divergence_html(traces: list[dict[str, Any]]) -> str:
     """Where the lanes' outputs first diverge: the shared prefix, then each lane's own
     continuation from the first position where it differs from the first lane. Lanes are
@@ -239,10 +250,15 @@ def divergence_html(traces: list[dict[str, Any]]) -> str:
         else:
             where = f"differs from lane 1 at position {d}"
             start = d
+        forced = forced_positions(tr)
+        if forced:
+            # a branch's edit: say where the token was put in by hand, not picked by the decoder
+            where += f" · forced at position{'s' if len(forced) > 1 else ''} {', '.join(map(str, forced))}"
         cont = "".join(
-            f'<span class="tok" data-lane="{lane}" data-step="{int(r.step)}" '
-            f'title="{html.escape(f"step {r.step}")}">{html.escape(_oneline(r.text))}</span>'
-            for r in rs[start:start + 12])
+            f'<span class="tok{" forced" if k in forced else ""}" data-lane="{lane}" data-step="{int(r.step)}" '
+            f'title="{html.escape(f"step {r.step}" + (" · forced" if k in forced else ""))}">'
+            f'{html.escape(_oneline(r.text))}</span>'
+            for k, r in enumerate(rs[start:start + 12], start))
         rows.append(f'<tr data-lane="{lane}" data-diverge="{"" if d is None else d}">'
                     f'<td style="padding:2px 10px 2px 0;white-space:nowrap;color:{LANE_COLOURS[lane % len(LANE_COLOURS)]}">'
                     f'{html.escape(lane_name(tr, lane))}</td>'

@@ -57,7 +57,8 @@ def target(traces: list[dict[str, Any]] | None, lane: Any, step: Any) -> Target:
     j = _int(lane, 0)
     s = max(0, _int(step, 0))
     if not traces:
-        return Target(j, s, problem="run a comparison (or open a session) first")
+        # also while a run streams: the page holds its traces only once it has ended
+        return Target(j, s, problem="nothing to branch yet: run a comparison (or open a session) and let it end")
     if not 0 <= j < len(traces):
         return Target(j, s, problem=f"the comparison has no lane {j + 1}")
     trace = traces[j]
