@@ -612,3 +612,26 @@ def test_sessions_cli_lists_branches(store: Store, db: Path, capsys: pytest.Capt
     assert main(["sessions", "--db", str(db), "list", "--json"]) == 0
     listed = {s["id"]: s for s in json.loads(capsys.readouterr().out)}
     assert listed[a]["parent"] == root and listed[a]["branch"]["token"] == 77
+
+
+def test_a_summary_reads_no_trace(store: Store, db: Path) -> None:
+    """The Sessions list and a branch's labels read summaries: a session's traces are parsed only
+    when it is opened, so a summary works even where a stored trace could not be read."""
+    root = save(store, "root")
+    kid = _branch(store, root, lane=1, step=3, title="kid")
+    s = store.session_summary(kid)
+    assert s == {"id": kid, "title": "kid", "model": "tiny-llama", "created": s["created"],
+                 "decoders": ["greedy"], "parent": root,
+                 "branch": {"lane": 1, "step": 3, "position": 3, "token": 77}, "branches": []}
+    assert store.session_summary(root)["branches"] == [kid]
+    assert store.session_summary(root)["decoders"] == ["greedy", "top_p"]
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE runs SET trace = 'not json' WHERE session_id = ?", (root,))
+    assert store.session_summary(root)["title"] == "root"
+    assert [x["id"] for x in store.list_sessions()] == [kid, root]
+    with pytest.raises(ValueError):
+        store.load_session(root)
+    with pytest.raises(PlaygroundError, match=r"^no session with id A{32}$"):
+        store.session_summary("A" * 32)
+    with pytest.raises(PlaygroundError, match="^malformed session id$"):
+        store.session_summary("<b>x</b>")
