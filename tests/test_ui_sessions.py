@@ -83,7 +83,7 @@ def test_the_first_frame_shows_the_text_and_builds_no_plot(page, stored, monkeyp
         ui = page.lanes[j]
         assert tr["pieces"][0] in text(up, ui.output) and "tok" in text(up, ui.output)
         assert "tokens" in text(up, ui.stats) or "tok" in text(up, ui.stats)
-        assert "drawing the plots" in text(up, ui.insp_header)
+        assert f"Lane {ui.k} · {tr['decoder']}" in text(up, ui.insp_header)
         assert all(up[c]["visible"] is False for c in [*ui.step_plots, *ui.run_plots])
     assert figures(up) == []
     assert up[page.step]["maximum"] >= MAX_NEW - 1

@@ -99,6 +99,7 @@ def replay_frame(page: ComparePage, sid: Any, request: Any = None) -> dict[Any, 
     :func:`replay_step_plots` fills them. A branch's lanes are labelled and the scrubber is put
     on the forced step. A bad id is the default page with a one-line message."""
     from playground.store import default_store
+    from playground.ui.inspector import insp_header
 
     try:
         session = default_store().load_session(str(sid))
@@ -136,7 +137,8 @@ def replay_frame(page: ComparePage, sid: Any, request: Any = None) -> dict[Any, 
             up[ui.insp_column] = gr.update(visible=False)
             continue
         up[ui.insp_column] = gr.update(visible=True)
-        up[ui.insp_header] = _drawing_header(ui.k, runs[j])
+        # the header the drawn inspector will have: nothing on the page changes but the plots
+        up[ui.insp_header] = insp_header(ui.k, runs[j], min(step, max(counts[j] - 1, 0)), counts[j])
         up[ui.step_html] = gr.update(visible=False)
         up[ui.run_html] = gr.update(visible=False)
         for comp in [*ui.step_plots, *ui.run_plots]:
@@ -208,12 +210,6 @@ def chain_replay(page: ComparePage, event: Any) -> Any:
 
     ev = event.then(step_plots, [page.traces, page.step], step_plot_outputs(page), show_progress="hidden")
     return ev.then(run_plots, [page.traces], run_plot_outputs(page), show_progress="hidden")
-
-
-def _drawing_header(k: int, trace: dict[str, Any]) -> str:
-    """Lane ``k``'s inspector header while its plots are on their way."""
-    return (f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k} · '
-            f'{esc(trace.get("decoder") or "?")}<span class="insp-where insp-pending">drawing the plots…</span></div>')
 
 
 def _branch_labels(page: ComparePage, session: dict[str, Any], runs: list[dict[str, Any]]) -> dict[Any, Any]:
