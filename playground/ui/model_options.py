@@ -19,8 +19,8 @@ from typing import Any
 
 from playground.errors import PlaygroundError
 
-CHAT_INFO = ("Send the prompt as a user turn through each lane model's chat template (instruct models); "
-             "a model without one stops its lane with one line.")
+CHAT_BASE = "Send the prompt as a user turn through each lane model's chat template (instruct models)."
+CHAT_INFO = f"{CHAT_BASE} A model without one stops its lane with one line."
 SYSTEM_INFO = "A system turn before the prompt, in every lane (chat template on only)."
 REMOTE_CODE_WARNING = ("Runs Python code from the model's own repository on this machine (LLaDA, Dream): "
                        "tick it only for repositories you trust.")
@@ -113,8 +113,8 @@ def chat_template_note(handle: Any) -> str:
     if tokenizer is None:
         return CHAT_INFO
     if has_chat_template(tokenizer):
-        return f"{CHAT_INFO} {name} has a chat template."
-    return f"{CHAT_INFO} {name} has none: with chat on, its lanes stop with one line saying so."
+        return f"{CHAT_BASE} ✓ {name} has a chat template."
+    return f"{CHAT_BASE} ⚠ {name} has none: with chat on, its lanes stop with one line saying so."
 
 
 # ---------------------------------------------------------------------- controls
