@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import sqlite3
 from collections import Counter
 
@@ -62,8 +63,6 @@ def test_table_equals_the_aggregate_recomputed_from_the_stored_traces(view, here
         forwards = sum(r["stats"]["target_forwards"] for r in runs)
         nll = sum(r["score"]["nll_sum"] for r in runs)
         scored = sum(r["score"]["tokens"] for r in runs)
-        import math
-
         want = {"tokens_per_target_forward": tokens / forwards,
                 "wall_s": sum(r["stats"]["wall_s"] for r in runs) / 3, "target_forwards": forwards / 3,
                 "perplexity": math.exp(nll / scored), "distinct_1": distinct(outs, 1),

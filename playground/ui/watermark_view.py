@@ -137,7 +137,7 @@ class WatermarkView:
             k = int(lane)
         except (TypeError, ValueError):
             k = 1
-        runs = [t for t in (traces or [])]
+        runs = list(traces or [])
         tr = runs[k - 1] if 0 < k <= len(runs) else None
         if not isinstance(tr, dict) or not tr.get("text"):
             msg = f"lane {k} has no output yet: run a comparison in the Compare tab first"
