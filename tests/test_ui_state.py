@@ -305,3 +305,20 @@ def test_the_budget_of_a_loaded_model_is_enforced_without_loading_anything(llama
             st.check_page("budget-test-llama", "ROMEO:", 0, left + 1, [st.LaneConfig()])
     assert st.loaded_kind("budget-test-llama") == llama_handle.kind
     assert st.page_budget("never-loaded", "ROMEO:") is None
+
+
+def test_chat_and_the_system_prompt_are_stored_once_per_session_and_come_back_in_every_lane():
+    lanes = st.with_options([st.LaneConfig("greedy"), st.LaneConfig("top_k", {"k": 5})], True, "Be brief.", True)
+    settings = st.session_settings("m", 0, 8, "forwards", "auto", lanes)
+    assert settings["chat"] is True and settings["system_prompt"] == "Be brief."
+    assert "trust_remote_code" not in settings and all("chat" not in x for x in settings["lanes"])
+    page = st.session_page({"title": "t", "model": "m", "prompt": "hi", "settings": settings,
+                            "runs": [{"decoder": "greedy"}, {"decoder": "top_k"}]})
+    assert page["chat"] is True and page["system_prompt"] == "Be brief."
+    assert all(c.chat and c.system_prompt == "Be brief." and not c.trust_remote_code for c in page["lanes"])
+    # a session saved without them in its settings (the HTTP API's) shows what its traces record
+    runs = [{"decoder": "greedy", "chat": True, "system_prompt": "Rhyme."}, {"decoder": "greedy", "chat": True}]
+    page = st.session_page({"title": "t", "model": "m", "prompt": "hi", "settings": {}, "runs": runs})
+    assert page["chat"] is True and page["system_prompt"] == "Rhyme."
+    plain = st.session_settings("m", 0, 8, "forwards", "auto", [st.LaneConfig("greedy")])
+    assert "chat" not in plain and st.session_page({"settings": plain, "runs": [{}]})["chat"] is False
