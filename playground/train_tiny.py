@@ -141,6 +141,22 @@ GPU_RECIPES = {
         high_mask_share=0.3, high_t=0.7,
     ),
 }
+# --recipe finetune: continue training the bundled diffusion LM on this CPU (issue 17: its masked
+# accuracy at 90 % masking was the one target unmet, +0.04 over the unigram baseline). Most
+# sequences draw t ~ U(0.7, 1); the lr is lower than the first run's end-of-cosine peak; no dropout
+# (less than one more epoch is seen). Early stopping keeps the held-out step with the best
+# accuracy at 90 % masking among those still >= GUARD_MARGIN above the unigram baseline at 15 %
+# and 50 % (measured on the held-out tail of the training split, never on the validation split).
+FINETUNE_RECIPES = {
+    "diffusion": dict(
+        init_from=True,  # start from the model already in --out (or --init-from DIR)
+        steps=3000, batch_size=16, seq_len=256, lr=4e-4, min_lr=4e-5, warmup=20,
+        weight_decay=0.1, dropout=0.0, eval_every=40, select="masked_acc_90",
+        eps=1e-3, prefix_share=0.25, high_mask_share=0.7, high_t=0.7,
+    ),
+}
+GUARD_MARGIN = 0.05
+FINETUNE_HOLDOUT_WINDOWS = 48  # fewer than for the loss: each check costs CPU time
 HOLDOUT_FRACTION = 0.03  # tail of the training stream kept out of training, for early stopping
 HOLDOUT_WINDOWS = 96
 
@@ -150,7 +166,12 @@ MAX_POSITIONS = 512
 
 def recipe(stage: str, smoke: bool, name: str = "cpu") -> dict:
     """The training recipe of a stage: `name` "cpu" (the default) or "gpu"; `smoke` shrinks it."""
-    table = GPU_RECIPES if name == "gpu" and stage in GPU_RECIPES else RECIPES
+    tables = {"gpu": GPU_RECIPES, "finetune": FINETUNE_RECIPES}
+    table = tables.get(name, RECIPES)
+    if stage not in table:
+        if name == "finetune":
+            raise SystemExit(f"--recipe finetune: only for {', '.join(FINETUNE_RECIPES)}")
+        table = RECIPES
     r = json.loads(json.dumps(table[stage]))
     if smoke:
         for k, v in SMOKE[stage].items():
@@ -372,6 +393,41 @@ def holdout_loss(stage: str, model, holdout: torch.Tensor, seq_len: int, mask_id
     return loss
 
 
+@torch.no_grad()
+def holdout_masked_acc(model, holdout: torch.Tensor, seq_len: int, mask_id: int,
+                       top_token: int) -> dict:
+    """Masked top-1 accuracy at 15 / 50 / 90 % masking on fixed held-out windows and masks, with
+    the unigram baseline (always `top_token`, the most frequent training token) beside each."""
+    from playground.tiny_eval import RATIOS, random_masks
+
+    n = min(FINETUNE_HOLDOUT_WINDOWS, len(holdout) // seq_len)
+    w = holdout[: n * seq_len].view(n, seq_len).to(next(model.parameters()).device)
+    was = model.training
+    model.eval()
+    out = {}
+    for ratio in RATIOS:
+        m = random_masks(w.shape, ratio, seed=0).to(w.device)
+        pct = int(ratio * 100)
+        correct = 0
+        for i in range(0, n, 16):
+            wb, mb = w[i:i + 16], m[i:i + 16]
+            logits = model(input_ids=torch.where(mb, mask_id, wb)).logits[mb]
+            correct += (logits.argmax(-1) == wb[mb]).sum().item()
+        out[f"masked_acc_{pct}"] = correct / m.sum().item()
+        out[f"unigram_acc_{pct}"] = (w[m] == top_token).float().mean().item()
+    model.train(was)
+    return out
+
+
+def selection_score(acc: dict, key: str) -> float:
+    """What early stopping maximises: accuracy `key`, or -inf while the accuracy at 15 % or 50 %
+    masking is less than GUARD_MARGIN above the unigram baseline (no trading those away)."""
+    for pct in (15, 50):
+        if acc[f"masked_acc_{pct}"] - acc[f"unigram_acc_{pct}"] < GUARD_MARGIN:
+            return float("-inf")
+    return acc[key]
+
+
 class Progress:
     """tqdm bar on a terminal, a plain line every `every` steps in a log file; shows the loss
     (smoothed) and tokens/s (over the last few steps)."""
@@ -419,7 +475,9 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=r["lr"], betas=(0.9, 0.95), fused=device == "cuda" or None)
     step, tokens_seen, elapsed = 0, 0, 0.0
-    best = dict(loss=float("inf"), step=0, state=None)
+    best = dict(loss=float("inf"), step=0, state=None, acc=None)
+    select = r.get("select")  # None: lowest held-out loss; else the accuracy to maximise
+    top_token = int(torch.bincount(data.cpu()).argmax()) if select else None
     ckpt = ckpt_dir / stage / "ckpt.pt"
     if args.resume and ckpt.exists():
         state = torch.load(ckpt, map_location=device, weights_only=False)
@@ -427,22 +485,33 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
         opt.load_state_dict(state["optim"])
         gen.set_state(state["gen"])
         step, tokens_seen, elapsed = state["step"], state["tokens_seen"], state["elapsed"]
+        if state.get("best"):
+            best.update(state["best"])
         print(f"[{stage}] resumed from {ckpt} at step {step}", flush=True)
 
     def save_ckpt():
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt.with_suffix(".tmp")
+        # the best weights travel too, so a resumed run still knows what to beat
         torch.save(dict(model=model.state_dict(), optim=opt.state_dict(), gen=gen.get_state(),
-                        step=step, tokens_seen=tokens_seen, elapsed=elapsed, recipe=r), tmp)
+                        step=step, tokens_seen=tokens_seen, elapsed=elapsed, recipe=r,
+                        best=best), tmp)
         os.replace(tmp, ckpt)
 
     def check_holdout():
-        loss = holdout_loss(stage, model, holdout, r["seq_len"], mask_id, device, amp)
-        if loss < best["loss"]:
-            best.update(loss=loss, step=step,
+        acc = None
+        if select:
+            acc = holdout_masked_acc(model, holdout, r["seq_len"], mask_id, top_token)
+            loss = -selection_score(acc, select)  # lower is better, like a loss
+        else:
+            loss = holdout_loss(stage, model, holdout, r["seq_len"], mask_id, device, amp)
+        if loss < best["loss"] or best["state"] is None:
+            best.update(loss=loss, step=step, acc=acc,
                         state={k: v.detach().clone() for k, v in model.state_dict().items()})
-        print(f"[{stage}] step {step} held-out loss {loss:.4f} (best {best['loss']:.4f} at "
-              f"step {best['step']})", flush=True)
+        what = (" ".join(f"{k} {v:.4f}" for k, v in acc.items()) if acc
+                else f"held-out loss {loss:.4f}")
+        print(f"[{stage}] step {step} {what} (best {best['loss']:.4f} at step {best['step']})",
+              flush=True)
 
     amp = args.bf16
     eval_every = r.get("eval_every") if holdout is not None else None
@@ -451,6 +520,8 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
     loads: list[float] = []  # machine load during training, for the card
     model.train()
     bar = Progress(stage, r["steps"], step)
+    if select and best["state"] is None:
+        check_holdout()  # the starting weights are a candidate: fine-tuning must beat them
     t_last = time.time()
     while step < r["steps"] and not (max_seconds and elapsed >= max_seconds):
         lr = lr_at(step, r, elapsed / max_seconds if max_seconds else 0.0)
@@ -499,7 +570,13 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
         facts["dropout"] = r["dropout"]
     if max_seconds:
         facts["max_seconds"] = max_seconds
-    if eval_every:
+    if eval_every and select:
+        facts.update(early_stopping=True, best_step=best["step"], selected_by=select,
+                     guard_margin=GUARD_MARGIN,
+                     holdout_acc={k: round(v, 5) for k, v in best["acc"].items()},
+                     holdout_tokens=min(FINETUNE_HOLDOUT_WINDOWS,
+                                        len(holdout) // r["seq_len"]) * r["seq_len"])
+    elif eval_every:
         facts.update(early_stopping=True, best_step=best["step"],
                      holdout_loss=round(best["loss"], 5), holdout_tokens=len(holdout))
     return facts
@@ -591,10 +668,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--out (keeps their recorded training facts)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="train on the CPU (default) or a CUDA GPU (bf16 autocast)")
-    parser.add_argument("--recipe", default=None, choices=("cpu", "gpu"),
-                        help="model sizes and schedule: cpu (the bundled models' recipe) or gpu "
-                             "(bigger, many epochs, dropout, early stopping; ~4-5 min on an H200); "
-                             "default: gpu with --device cuda, else cpu")
+    parser.add_argument("--recipe", default=None, choices=("cpu", "gpu", "finetune"),
+                        help="model sizes and schedule: cpu (the bundled models' recipe), gpu "
+                             "(bigger, many epochs, dropout, early stopping; ~4-5 min on an H200) "
+                             "or finetune (diffusion only: continue from the model in --out, "
+                             "mostly high masking ratios); default: gpu with --device cuda, "
+                             "else cpu")
+    parser.add_argument("--init-from", metavar="DIR",
+                        help="--recipe finetune: the model directory to start from "
+                             "(default: the one in --out)")
     parser.add_argument("--max-seconds", type=float,
                         help="cap the training time of each model (the schedule follows it)")
     parser.set_defaults(bf16=None, eval=True)
@@ -664,7 +746,17 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "max_seconds", None):
             r["max_seconds"] = args.max_seconds
         torch.manual_seed(args.seed + STAGES.index(stage))  # deterministic init
-        model = build_model(stage, r["arch"], tokenizer)
+        base_facts = None
+        if r.get("init_from"):
+            init = Path(getattr(args, "init_from", None) or out / NAMES[stage])
+            if not (init / "config.json").exists():
+                raise SystemExit(f"--recipe {recipe_name}: no model to start from at {init}")
+            model = tiny_eval.load(init, KINDS[stage]).train()
+            if (init / "eval.json").exists():
+                base_facts = json.loads((init / "eval.json").read_text())["training"]
+            r["arch"] = (base_facts or {}).get("arch") or r.get("arch")
+        else:
+            model = build_model(stage, r["arch"], tokenizer)
         teacher = None
         if stage == "draft" and r.get("distill", 0) > 0:
             teacher = tiny_eval.load(out / NAMES["target"], "causal").to(args.device)
@@ -690,6 +782,9 @@ def run(args: argparse.Namespace) -> int:
             facts.update(eps=r["eps"], prefix_share=r["prefix_share"])
             if r.get("high_mask_share"):
                 facts.update(high_mask_share=r["high_mask_share"], high_t=r["high_t"])
+        if base_facts is not None:
+            # the card tells both runs: how the starting model was trained, then this one
+            facts["finetuned_from"] = base_facts
         path = save_model(stage, model, tokenizer, out)
         print(f"[{stage}] saved {path} ({facts['train_seconds']:.0f}s training)", flush=True)
         if args.eval:

@@ -218,3 +218,63 @@ def test_get_batch_windows_are_slices_of_the_stream():
     batch = train_tiny.get_batch(data, 4, 16, torch.Generator().manual_seed(0))
     assert batch.shape == (4, 17)
     assert ((batch[:, 1:] - batch[:, :-1]) == 1).all()
+
+
+# ------------------------------------------------------- the CPU fine-tuning recipe (issue 17)
+
+def _smoke_diffusion(tmp_path):
+    """A smoke tokenizer + diffusion model in tmp_path, with its eval.json, to fine-tune."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    train_tiny.add_arguments(parser)
+    assert train_tiny.run(parser.parse_args(["--smoke", "--only", "tokenizer,diffusion",
+                                             "--out", str(tmp_path), "--threads", "1"])) == 0
+    return parser
+
+
+def test_finetune_recipe_continues_from_the_model_and_keeps_the_best(tmp_path):
+    """`--recipe finetune` starts from the model in --out (not a fresh init), selects by held-out
+    90 % accuracy with step 0 as a candidate, and the card tells both runs and how to redo it."""
+    parser = _smoke_diffusion(tmp_path)
+    d = tmp_path / "tiny-shakespeare-diffusion"
+    before = AutoModelForMaskedLM.from_pretrained(d).state_dict()
+    args = parser.parse_args(["--smoke", "--recipe", "finetune", "--only", "diffusion",
+                              "--out", str(tmp_path), "--steps", "3", "--threads", "1"])
+    assert train_tiny.run(args) == 0
+    t = json.loads((d / "eval.json").read_text())["training"]
+    assert t["recipe"] == "finetune" and t["finetuned_from"]["recipe"] == "cpu"
+    assert t["selected_by"] == "masked_acc_90" and t["best_step"] in (0, 3)
+    assert set(t["holdout_acc"]) == {f"{k}_{p}" for k in ("masked_acc", "unigram_acc")
+                                     for p in (15, 50, 90)}
+    assert t["high_mask_share"] >= 0.5 and t["steps"] == 3
+    after = AutoModelForMaskedLM.from_pretrained(d).state_dict()
+    unchanged = all(torch.equal(before[k], after[k]) for k in before)
+    assert unchanged == (t["best_step"] == 0)
+    card = (d / "README.md").read_text()
+    assert "fine-tuned" in card and "--recipe finetune" in card
+
+
+def test_finetune_recipe_is_for_the_diffusion_model_only(tmp_path):
+    with pytest.raises(SystemExit, match="finetune"):
+        train_tiny.recipe("target", False, "finetune")
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    train_tiny.add_arguments(parser)
+    args = parser.parse_args(["--smoke", "--recipe", "finetune", "--only", "diffusion", "--out",
+                              str(tmp_path), "--init-from", str(tmp_path / "nothing")])
+    for name in ALL:  # a tokenizer is there, a model to start from is not
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(
+            (MODELS / name / "tokenizer.json").read_text())
+    with pytest.raises(SystemExit, match="no model to start from"):
+        train_tiny.run(args)
+
+
+def test_selection_refuses_trading_low_masking_accuracy_away():
+    good = dict(masked_acc_15=0.40, unigram_acc_15=0.11, masked_acc_50=0.30, unigram_acc_50=0.11,
+                masked_acc_90=0.15, unigram_acc_90=0.11)
+    assert train_tiny.selection_score(good, "masked_acc_90") == 0.15
+    worse_at_50 = dict(good, masked_acc_50=0.15, masked_acc_90=0.20)
+    assert train_tiny.selection_score(worse_at_50, "masked_acc_90") == float("-inf")
