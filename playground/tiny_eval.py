@@ -283,7 +283,9 @@ def model_card(stage: str, ev: dict) -> str:
         + (f"; capped at {t['max_seconds']:.0f} s, the cosine following the time"
            if t.get("max_seconds") else ""),
     ]
-    if t.get("early_stopping"):
+    if t.get("finetuned_from"):
+        lines += _finetune_lines(t)
+    elif t.get("early_stopping"):
         lines += [f"- Early stopping: the last {t['holdout_tokens']:,} tokens of the training "
                   "stream are held out (not trained on); their loss is measured periodically during training "
                   f"steps and the best weights are kept (step {t['best_step']}, held-out loss "
@@ -313,7 +315,10 @@ def model_card(stage: str, ev: dict) -> str:
            if t.get("cpu_shared") else ""),
         f"- Seed: {t['seed']}. Retrain: `python -m playground.train_tiny --only {stage} "
         + ("--device cuda` (recipe `gpu`; the whole GPU run: `scripts/gpu_session.sh`)"
-           if t.get("recipe") == "gpu" else "--threads 2`") + " (see docs/models.md).", "",
+           if t.get("recipe") == "gpu" else
+           f"--recipe finetune --threads 1 --max-seconds {t.get('max_seconds', 0):.0f}` after "
+           "the starting model's own recipe (`--device cuda`, recipe `gpu`)"
+           if t.get("recipe") == "finetune" else "--threads 2`") + " (see docs/models.md).", "",
         "## Validation figures", "",
         f"Measured in fp32 on {s['windows']} evenly spaced {s['seq_len']}-token windows "
         f"({s['tokens']:,} tokens) of the held-out split (last 5% of every work); recomputed by "
@@ -358,6 +363,26 @@ def model_card(stage: str, ev: dict) -> str:
             lines += [f"**{mode}**, prompt `{smp['prompt']!r}`:", "", "```",
                       smp["prompt"] + smp[mode], "```", ""]
     return "\n".join(lines)
+
+
+def _finetune_lines(t: dict) -> list[str]:
+    """Card lines for a model fine-tuned from an earlier one (`train_tiny --recipe finetune`):
+    how the starting model was trained, then how the fine-tuning chose its weights."""
+    b, acc = t["finetuned_from"], t["holdout_acc"]
+    return [
+        f"- Starting model: {b['steps']} steps x {b['batch_size']} x {b['seq_len']} tokens "
+        f"({b['tokens_seen']:,} tokens seen, recipe `{b.get('recipe')}`, lr {b['lr']} cosine to "
+        f"{b['min_lr']}, dropout {b.get('dropout', 0.0)}, {b['train_seconds'] / 60:.1f} min on "
+        f"{b['hardware']}); then **fine-tuned** (recipe `finetune`) with the training line above.",
+        f"- Early stopping: held-out windows ({t['holdout_tokens']:,} tokens) from the tail of "
+        "the training split, not trained on, fixed masks; every few steps their masked accuracy "
+        f"is measured and the step with the best `{t['selected_by']}` is kept among those still "
+        f">= {t['guard_margin']} above the unigram baseline at 15 % and 50 % masking (step "
+        f"{t['best_step']}: {acc['masked_acc_15']:.3f} / {acc['masked_acc_50']:.3f} / "
+        f"{acc['masked_acc_90']:.3f} at 15 / 50 / 90 %, unigram {acc['unigram_acc_15']:.3f} / "
+        f"{acc['unigram_acc_50']:.3f} / {acc['unigram_acc_90']:.3f}). Step 0, the starting "
+        "model, is a candidate too. The validation split below is never used to choose.",
+    ]
 
 
 def _ratio(ev) -> str:
