@@ -34,10 +34,12 @@ def page_options(chat: Any = False, system_prompt: Any = None, trust_remote_code
     """
     from playground.hosting import remote_code_allowed
 
-    on = bool(chat)
+    # Only a real tick counts (a checkbox sends a bool): any other value in the opt-in's place,
+    # e.g. a flag another input left there, must never opt in to running a model's code.
+    on = chat is True
     text = system_prompt if isinstance(system_prompt, str) and system_prompt.strip() else None
     return {"chat": on, "system_prompt": text if on else None,
-            "trust_remote_code": bool(trust_remote_code) and remote_code_allowed()}
+            "trust_remote_code": trust_remote_code is True and remote_code_allowed()}
 
 
 def options_note(chat: bool, system_prompt: str | None) -> str:
@@ -142,6 +144,16 @@ def option_inputs(page: Any) -> list[Any]:
     if getattr(page, "trust_remote_code", None) is not None:
         out.append(page.trust_remote_code)
     return out
+
+
+def split_options(page: Any, tail: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The Run's inputs after the lanes, split into the model options (:func:`option_inputs`)
+    and what follows them (the page's flow flag). A caller that sends fewer values than there
+    are options (a handler test, a page without them) sends none: defaults apply."""
+    k = len(option_inputs(page))
+    if len(tail) < k:
+        return (), tuple(tail)
+    return tuple(tail[:k]), tuple(tail[k:])
 
 
 def option_outputs(page: Any) -> list[Any]:
