@@ -99,7 +99,8 @@ def test_chat_puts_the_template_and_system_prompt_in_every_lanes_prompt(page, db
 
 
 def test_without_chat_the_prompt_is_plain_and_a_hidden_system_prompt_is_not_sent(page, chat_dir, chat_tokenizer):
-    final = list(page.on_run(None, *run_args(page, chat_dir, options=[False, "left in the box"])))[-1]
+    opts = [False, "left in the box"] + ([False] if page.trust_remote_code is not None else [])
+    final = list(page.on_run(None, *run_args(page, chat_dir, options=opts)))[-1]
     for t in final[page.traces]:
         assert chat_tokenizer.decode(t["prompt_ids"]) == "hello there"
         assert "chat" not in t and "system_prompt" not in t
@@ -107,7 +108,8 @@ def test_without_chat_the_prompt_is_plain_and_a_hidden_system_prompt_is_not_sent
 
 def test_a_model_without_a_chat_template_says_so_in_one_line(page):
     """The bundled models have no chat template: with chat on, each lane says so."""
-    frames = list(page.on_run(None, *run_args(page, st.DEFAULT_MODEL, options=[True, ""])))
+    opts = [True, ""] + ([False] if page.trust_remote_code is not None else [])
+    frames = list(page.on_run(None, *run_args(page, st.DEFAULT_MODEL, options=opts)))
     status = text(frames[-1], page.status)
     assert "has no chat template" in status and "\n" not in status.strip()
     for ui in page.lanes[:2]:
@@ -212,3 +214,15 @@ def test_a_host_with_only_bundled_models_offers_no_opt_in(monkeypatch):
 
     monkeypatch.setenv("PLAYGROUND_MODEL_SOURCES", "bundled")
     assert remote_code_allowed() is False
+
+
+def test_the_run_reads_the_options_right_after_the_lanes(demo, page):
+    """Their place in the Run's inputs is what split_options reads; anything after them (the
+    page's flow flag, set by the browser) never lands in the remote-code opt-in."""
+    fn = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")
+    start = 9 + 4 * page.max_lanes
+    opts = mo.option_inputs(page)
+    assert [b._id for b in fn.inputs[start:start + len(opts)]] == [b._id for b in opts]
+    assert mo.split_options(page, (True, "Be brief.", False, "flow")) == ((True, "Be brief.", False), ("flow",))
+    assert mo.split_options(page, ("flow",)) == ((), ("flow",))  # a caller without options: defaults
+    assert mo.page_options(True, "", "flow")["trust_remote_code"] is False
