@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 from collections import Counter
@@ -11,6 +12,7 @@ from typing import Any, Iterator
 import torch
 
 from decoders.base import Context, Decoder, Int, Params, register
+from decoders._cache import repeat_batch
 from decoders.search._beam import finish_reason_of, hits_stop
 from playground.trace import Step
 
@@ -54,8 +56,8 @@ class BestFirstBeam(Decoder):
     wave, showing the popped hypotheses, the queue's best entries (``frontier``) and the pop
     counts per length (``pops``). ``stats.expansions`` counts expanded hypotheses (the
     paper's measure), to set against beam search's ``num_beams`` per step.
-    Simplifies: each wave re-reads its hypotheses from the prompt without a KV cache (rows
-    padded on the right); no length normalisation (it would break the monotone score the
+    Simplifies: each wave re-reads its hypotheses from the prompt's KV cache (rows padded on
+    the right; no cache kept per hypothesis); no length normalisation (it would break the monotone score the
     method needs).
     """
 
@@ -74,6 +76,7 @@ class BestFirstBeam(Decoder):
         pops: Counter[int] = Counter()
         expansions = dropped = waves = 0
         best: Entry | None = None
+        reader = WaveReader(ctx)
         while queue:
             ctx.check_cancel()
             e = queue[0]
@@ -93,7 +96,7 @@ class BestFirstBeam(Decoder):
             dropped += n_dropped
             waves += 1
             expansions += len(wave)
-            logprobs = last_logprobs(ctx, [e.ids for e in wave])
+            logprobs = reader.read([e.ids for e in wave])
             for row, e in enumerate(wave):
                 # float32 accumulation, as beam search's running scores
                 acc = logprobs[row] + torch.tensor(e.score, dtype=torch.float32)
@@ -149,18 +152,35 @@ def take_wave(queue: list[Entry], pops: Counter[int], k: int) -> tuple[list[Entr
     return wave, dropped
 
 
-def last_logprobs(ctx: Context, rows: list[list[int]]) -> torch.Tensor:
-    """Next-token log-probs after each continuation of the prompt, in one batched forward.
+class WaveReader:
+    """Next-token log-probs for a wave of continuations of the prompt, one batched forward each.
 
-    Rows of different lengths are padded on the right: under a causal mask a position never
-    sees the padding after it, so each row's last real position reads exactly its own prefix
-    with the default positions, no attention mask needed.
+    The first wave (the prompt alone) keeps the prompt's KV cache; later waves copy it to
+    every row and feed only the continuations. Rows of different lengths are padded on the
+    right: under a causal mask a position never sees the padding after it, so each row's last
+    real position reads exactly its own prefix at its own positions, no attention mask needed.
     """
-    prompt = list(ctx.prompt_ids)
-    width = len(prompt) + max(len(r) for r in rows)
-    pad = prompt[-1] if prompt else 0  # any id: nothing reads it
-    ids = torch.tensor([prompt + r + [pad] * (width - len(prompt) - len(r)) for r in rows], dtype=torch.long)
-    last = torch.tensor([len(prompt) + len(r) - 1 for r in rows], dtype=torch.long)
-    logits = ctx.target.forward(ids, use_cache=False).logits
-    picked = logits[torch.arange(len(rows), device=logits.device), last.to(logits.device)]
-    return torch.log_softmax(picked.float(), -1).cpu()
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.prompt_cache: Any = None
+
+    def read(self, rows: list[list[int]]) -> torch.Tensor:
+        """(rows, V) log-probs after ``prompt + row`` for each row."""
+        view = self.ctx.target
+        if self.prompt_cache is None:
+            # the root is popped alone, first: this forward is the prompt's prefill
+            out = view.forward(list(self.ctx.prompt_ids), cache=view.new_cache())
+            self.prompt_cache = out.cache
+            logits = out.logits[:, -1].expand(len(rows), -1)
+            return torch.log_softmax(logits.float(), -1).cpu()
+        width = max(len(r) for r in rows)
+        pad = rows[0][-1]  # any id: nothing reads it
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+        cache = copy.deepcopy(self.prompt_cache)
+        if len(rows) > 1:
+            repeat_batch(cache, len(rows))
+        logits = view.forward(ids, cache=cache).logits
+        last = torch.tensor([len(r) - 1 for r in rows], dtype=torch.long, device=logits.device)
+        picked = logits[torch.arange(len(rows), device=logits.device), last]
+        return torch.log_softmax(picked.float(), -1).cpu()
