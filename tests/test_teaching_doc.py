@@ -68,3 +68,34 @@ def test_presets_and_decoders_named_in_the_plans_exist():
     knobs = {k for c in REGISTRY.values() for k in c.params}
     unknown = {n for n in named if n not in REGISTRY and n not in knobs and n not in POLICIES and n != "policy"}
     assert not unknown, unknown
+
+
+def test_the_pictures_come_from_the_screenshot_command_and_real_preset_lanes():
+    # `playground screenshots` drives the page by preset title and lane number: a renamed preset
+    # or a reordered lane would silently picture the wrong decoder under the doc's annotation
+    from decoders import REGISTRY
+    from playground.presets import list_presets
+    from playground.screenshots import COLUMNS, DIVERGENCE, NAMES, SHOWDOWN, THREE_LANES
+
+    text = DOC.read_text(encoding="utf-8")
+    shown = {Path(rel).stem for rel in re.findall(r"!\[[^\]]*\]\(screenshots/([^)]+)\)", text)}
+    assert shown <= set(NAMES), shown - set(NAMES)
+    # one picture per step kind of the built-in decoders
+    assert {"inspector", "speculative-showdown", "diffusion-canvas", "jacobi"} <= shown
+
+    def preset(part: str) -> dict:
+        found = [p for p in list_presets() if part in p["title"]]
+        assert len(found) == 1, (part, [p["title"] for p in found])
+        return found[0]
+
+    for part in (THREE_LANES, SHOWDOWN, DIVERGENCE):
+        preset(part)
+    lanes = {}
+    for name, (part, lane, _nth) in COLUMNS.items():
+        p = preset(part)
+        assert 1 <= lane <= len(p["lanes"]), (name, lane)
+        lanes[name] = p["lanes"][lane - 1]
+    assert REGISTRY[lanes["diffusion-canvas"]["decoder"]].step_kind == "denoise"
+    assert REGISTRY[lanes["jacobi"]["decoder"]].step_kind == "jacobi"
+    assert lanes["constraint"]["params"].get("regex") or lanes["constraint"]["params"].get("json_schema")
+    assert lanes["watermark"]["decoder"] == "watermark" and lanes["particles"]["decoder"] == "smc"
