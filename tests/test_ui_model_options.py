@@ -96,6 +96,11 @@ def test_chat_puts_the_template_and_system_prompt_in_every_lanes_prompt(page, db
     assert up[page.chat] is True
     assert prop(up, page.system_prompt, "value") == "Be brief." and prop(up, page.system_prompt, "visible") is True
     assert "Chat template on" in text(up, page.preset_info) and "Be brief." in text(up, page.preset_info)
+    # a share link's page load (the Sessions view's replay) shows them the same way
+    from playground.ui.sessions_view import replay_frame
+
+    up = replay_frame(page, final[page.sid], None)
+    assert up[page.chat] is True and prop(up, page.system_prompt, "value") == "Be brief."
 
 
 def test_without_chat_the_prompt_is_plain_and_a_hidden_system_prompt_is_not_sent(page, chat_dir, chat_tokenizer):
