@@ -47,18 +47,18 @@ class BestFirstBeam(Decoder):
     pops are exactly the hypotheses beam search keeps, so the answer is beam search's with
     ``length_penalty=0`` — reached lazily: beams beam search would still extend after the
     winner is settled are never expanded.
-    Several pops share one batched forward (a *wave*, see :func:`take_wave`): entries are
-    taken best first while the order is settled — none deeper than one already taken, and
-    up to the first finished one — so each length's pops keep one-at-a-time best-first's
-    order and the answer is unchanged (a wave may expand a few hypotheses the one-at-a-time
-    search would never reach), and the search needs no more forward passes than beam
-    search's one per length (measured, not proven: see tests/test_search.py). Each step is a
-    wave, showing the popped hypotheses, the queue's best entries (``frontier``) and the pop
+    Several pops share one batched forward (a *wave*): entries are taken best first while
+    the order is settled — none deeper than one already taken, and up to the first finished
+    one — so each length's pops keep one-at-a-time best-first's order and the answer is
+    unchanged (a wave may expand a few hypotheses the one-at-a-time search would never
+    reach), and the search needs no more forward passes than beam search's one per length
+    (measured on the bundled model and tiny random ones, not proven). Each step is a wave,
+    showing the popped hypotheses, the queue's best entries (``frontier``) and the pop
     counts per length (``pops``). ``stats.expansions`` counts expanded hypotheses (the
     paper's measure), to set against beam search's ``num_beams`` per step.
-    Simplifies: each wave re-reads its hypotheses from the prompt's KV cache (rows padded on
-    the right; no cache kept per hypothesis); no length normalisation (it would break the monotone score the
-    method needs).
+    Simplifies: a wave re-reads its hypotheses from the prompt's KV cache (rows padded on
+    the right; no cache is kept per hypothesis, so a forward feeds more tokens than beam
+    search's); no length normalisation (it would break the monotone score the method needs).
     """
 
     name = "best_first_beam"
