@@ -84,8 +84,12 @@ def test_the_first_frame_shows_the_text_and_builds_no_plot(page, stored, monkeyp
         assert tr["pieces"][0] in text(up, ui.output) and "tok" in text(up, ui.output)
         assert "tokens" in text(up, ui.stats) or "tok" in text(up, ui.stats)
         assert f"Lane {ui.k} · {tr['decoder']}" in text(up, ui.insp_header)
-        assert all(up[c]["visible"] is False for c in [*ui.step_plots, *ui.run_plots])
     assert figures(up) == []
+    # opened over another comparison, its plots are hidden until the new ones arrive
+    cleared = replay_frame(page, sid, clear=True)
+    assert figures(cleared) == []
+    for ui in page.lanes[: len(traces)]:
+        assert all(cleared[c]["visible"] is False for c in [*ui.step_plots, *ui.run_plots])
     assert up[page.step]["maximum"] >= MAX_NEW - 1
     assert "data-first" in text(up, page.divergence)  # the divergence strip is text: it comes at once
 

@@ -93,11 +93,13 @@ def branch_line(branch: dict[str, Any], parent_title: str | None) -> str:
 
 
 # ---------------------------------------------------------------------- replay
-def replay_frame(page: ComparePage, sid: Any, request: Any = None) -> dict[Any, Any]:
+def replay_frame(page: ComparePage, sid: Any, request: Any = None, clear: bool = False) -> dict[Any, Any]:
     """The first frame of a replay: configuration, every lane's text, colours and stats, the
-    scrubber and the divergence strip, with the inspector's plot slots hidden until
-    :func:`replay_step_plots` fills them. A branch's lanes are labelled and the scrubber is put
-    on the forced step. A bad id is the default page with a one-line message."""
+    scrubber and the divergence strip; no figure (:func:`replay_step_plots` and
+    :func:`replay_run_plots` follow). With ``clear`` (a page that may show another comparison's
+    plots) the plot slots are hidden until then; a fresh page's slots are empty, and hiding them
+    only to show them again made the browser slower to draw. A branch's lanes are labelled and
+    the scrubber is put on the forced step. A bad id is the default page with a one-line message."""
     from playground.store import default_store
     from playground.ui.inspector import insp_header
 
@@ -139,10 +141,11 @@ def replay_frame(page: ComparePage, sid: Any, request: Any = None) -> dict[Any, 
         up[ui.insp_column] = gr.update(visible=True)
         # the header the drawn inspector will have: nothing on the page changes but the plots
         up[ui.insp_header] = insp_header(ui.k, runs[j], min(step, max(counts[j] - 1, 0)), counts[j])
-        up[ui.step_html] = gr.update(visible=False)
-        up[ui.run_html] = gr.update(visible=False)
-        for comp in [*ui.step_plots, *ui.run_plots]:
-            up[comp] = gr.update(visible=False)
+        if clear:
+            up[ui.step_html] = gr.update(visible=False)
+            up[ui.run_html] = gr.update(visible=False)
+            for comp in [*ui.step_plots, *ui.run_plots]:
+                up[comp] = gr.update(visible=False)
     if request is not None:
         _draw_pending(request)
     return up
@@ -166,6 +169,8 @@ def replay_step_plots(page: ComparePage, traces: list[dict[str, Any]] | None, st
     if not _picked_meanwhile(request):
         up.update(page.step_updates(traces, s if s is not None else 0))
         up.pop(page.step, None)  # the scrubber is the user's: frame one put it in place
+        for ui in page.lanes:  # frame one showed the columns: sending their visibility again
+            up.pop(ui.insp_column, None)  # re-renders them, and the browser drew the plots slower
     return up
 
 
@@ -186,7 +191,7 @@ def step_plot_outputs(page: ComparePage) -> list[Any]:
     """What :func:`replay_step_plots` writes."""
     out: list[Any] = [page.progress_plot, *(getattr(page, "compare_plots", []) or [])]
     for ui in page.lanes:
-        out += [ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots]
+        out += [ui.insp_header, ui.step_html, *ui.step_plots]
     return out
 
 
@@ -422,7 +427,7 @@ class SessionsView:
         if not sid:
             gr.Warning("select a session first")
             return {self.status: status_html("select a session first", "error")}
-        up = replay_frame(self.page, sid, request)
+        up = replay_frame(self.page, sid, request, clear=True)
         up[self.tabs] = gr.Tabs(selected="compare")
         up[self.status] = status_html("Opened in the Compare tab.", "ok")
         return up
