@@ -499,6 +499,15 @@ def test_best_first_beam_on_every_cache_kind(tokenizer, arch):
         assert f.stats["target_forwards"] <= b.stats["target_forwards"]
 
 
+def test_best_first_beam_feeds_one_token_per_popped_hypothesis(llama):
+    """On a full-attention model each expanded hypothesis keeps its keys and values: after the
+    prompt's prefill a wave feeds one token per row, as beam search does."""
+    r = prepare(model=llama, decoder="best_first_beam", prompt=PROMPTS[0], max_new_tokens=N, params={"num_beams": 3})
+    trace = r.finish()
+    assert trace.stats["expansions"] > trace.stats["waves"]  # waves of several rows
+    assert r.ctx.target.tokens == len(trace.prompt_ids) + trace.stats["expansions"] - 1
+
+
 def test_best_first_beam_trace_shows_frontier_and_pops(llama):
     k = 3
     trace = run(llama, "best_first_beam", PROMPTS[0], 6, {"num_beams": k})

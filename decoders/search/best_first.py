@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import heapq
 import itertools
 from collections import Counter
@@ -12,8 +11,8 @@ from typing import Any, Iterator
 import torch
 
 from decoders.base import Context, Decoder, Int, Params, register
-from decoders._cache import repeat_batch
 from decoders.search._beam import finish_reason_of, hits_stop
+from decoders.search._waves import wave_reader
 from playground.trace import Step
 
 FRONTIER_SHOWN = 12  # queue entries a step records (the best ones)
@@ -27,6 +26,12 @@ class Entry:
     ids: list[int] = field(compare=False)
     score: float = field(compare=False)
     finished: bool = field(compare=False)
+    parent: int = field(default=-1, compare=False)  # the insertion number of the entry it extends
+
+    @property
+    def uid(self) -> int:
+        """The entry's insertion number (unique in one search)."""
+        return self.key[1]
 
     def show(self) -> dict[str, Any]:
         """The entry as trace evidence."""
@@ -56,9 +61,10 @@ class BestFirstBeam(Decoder):
     showing the popped hypotheses, the queue's best entries (``frontier``) and the pop
     counts per length (``pops``). ``stats.expansions`` counts expanded hypotheses (the
     paper's measure), to set against beam search's ``num_beams`` per step.
-    Simplifies: a wave re-reads its hypotheses from the prompt's KV cache (rows padded on
-    the right; no cache is kept per hypothesis, so a forward feeds more tokens than beam
-    search's); no length normalisation (it would break the monotone score the method needs).
+    On full-attention models each expanded hypothesis keeps its keys and values and a wave
+    feeds one token per row, as beam search does; on windowed or recurrent models a wave
+    re-reads its continuations from the prompt's cache (decoders/search/_waves.py).
+    Simplifies: no length normalisation (it would break the monotone score the method needs).
     """
 
     name = "best_first_beam"
@@ -76,7 +82,7 @@ class BestFirstBeam(Decoder):
         pops: Counter[int] = Counter()
         expansions = dropped = waves = 0
         best: Entry | None = None
-        reader = WaveReader(ctx)
+        reader = wave_reader(ctx)
         while queue:
             ctx.check_cancel()
             e = queue[0]
@@ -96,7 +102,7 @@ class BestFirstBeam(Decoder):
             dropped += n_dropped
             waves += 1
             expansions += len(wave)
-            logprobs = reader.read([e.ids for e in wave])
+            logprobs = reader.read(wave)
             for row, e in enumerate(wave):
                 # float32 accumulation, as beam search's running scores
                 acc = logprobs[row] + torch.tensor(e.score, dtype=torch.float32)
@@ -104,7 +110,8 @@ class BestFirstBeam(Decoder):
                 for v, t in zip(vals.tolist(), toks.tolist()):
                     child = e.ids + [int(t)]
                     fin = len(child) >= ctx.max_new_tokens or hits_stop(ctx, child)
-                    heapq.heappush(queue, Entry((-v, next(order)), child, v, fin))
+                    heapq.heappush(queue, Entry((-v, next(order)), child, v, fin, e.uid))
+            reader.release(pops, k)
             yield Step("beam", [], beams=[{**e.show(), "parent": None, "popped": True} for e in wave],
                        frontier=[x.show() for x in heapq.nsmallest(FRONTIER_SHOWN, queue)],
                        pops={str(d): c for d, c in sorted(pops.items())}, wave=waves)
@@ -150,37 +157,3 @@ def take_wave(queue: list[Entry], pops: Counter[int], k: int) -> tuple[list[Entr
     for e in held:
         heapq.heappush(queue, e)
     return wave, dropped
-
-
-class WaveReader:
-    """Next-token log-probs for a wave of continuations of the prompt, one batched forward each.
-
-    The first wave (the prompt alone) keeps the prompt's KV cache; later waves copy it to
-    every row and feed only the continuations. Rows of different lengths are padded on the
-    right: under a causal mask a position never sees the padding after it, so each row's last
-    real position reads exactly its own prefix at its own positions, no attention mask needed.
-    """
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.prompt_cache: Any = None
-
-    def read(self, rows: list[list[int]]) -> torch.Tensor:
-        """(rows, V) log-probs after ``prompt + row`` for each row."""
-        view = self.ctx.target
-        if self.prompt_cache is None:
-            # the root is popped alone, first: this forward is the prompt's prefill
-            out = view.forward(list(self.ctx.prompt_ids), cache=view.new_cache())
-            self.prompt_cache = out.cache
-            logits = out.logits[:, -1].expand(len(rows), -1)
-            return torch.log_softmax(logits.float(), -1).cpu()
-        width = max(len(r) for r in rows)
-        pad = rows[0][-1]  # any id: nothing reads it
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
-        cache = copy.deepcopy(self.prompt_cache)
-        if len(rows) > 1:
-            repeat_batch(cache, len(rows))
-        logits = view.forward(ids, cache=cache).logits
-        last = torch.tensor([len(r) - 1 for r in rows], dtype=torch.long, device=logits.device)
-        picked = logits[torch.arange(len(rows), device=logits.device), last]
-        return torch.log_softmax(picked.float(), -1).cpu()
