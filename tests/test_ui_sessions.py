@@ -1,5 +1,5 @@
 """The Sessions view and the replay of stored sessions, without a browser: a replay's first frame
-has the text and no plot, the chained frames draw the step plots and then the run plots, branches
+has the text and no plot, the chained frame draws the step plots and the run plots, branches
 are listed under their parent and open beside it with the point of divergence marked."""
 
 from __future__ import annotations
@@ -146,12 +146,18 @@ def test_a_share_link_replays_in_frames(page, stored, monkeypatch):
     assert "malformed session id" in text(bad, page.status) and "bad id!" not in text(bad, page.status)
 
 
-def test_the_load_and_open_events_chain_the_plot_frames(demo, page):
-    from playground.ui.sessions_view import replay_run_plots, replay_step_plots  # noqa: F401
+def test_the_load_and_open_events_chain_the_plot_frame(demo, page, stored):
+    from playground.ui.sessions_view import replay_frame, replay_plots, run_plot_outputs, step_plot_outputs
 
-    names = [getattr(fn.fn, "__name__", "") for fn in demo.fns.values()]
-    # page load and Sessions' Open each chain both plot frames
-    assert names.count("step_plots") >= 2 and names.count("run_plots") >= 2
+    chained = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "plots"
+               and getattr(fn.fn, "__module__", "") == "playground.ui.sessions_view"]
+    assert len(chained) == 2  # after the page load (a share link) and after Sessions' Open
+    assert all(fn.trigger_after is not None for fn in chained)
+    sid, traces = stored
+    first = replay_frame(page, sid)
+    up = replay_plots(page, first[page.traces], first[page.step]["value"], Session("all"))
+    assert set(up) <= set(step_plot_outputs(page) + run_plot_outputs(page))
+    assert {page.progress_plot, page.lanes[0].step_plots[0], page.lanes[0].run_plots[0]} <= set(figures(up))
 
 
 # ---------------------------------------------------------------------- branches

@@ -10,12 +10,15 @@ off. A one-lane branch is stored beside its parent (its runs: the parent's lane,
 branched lane), so opening it shows both with the divergence strip marking where they part;
 the replay labels the two lanes and puts the scrubber on the forced step.
 
-A replay comes in three frames, so the text is on screen before any figure is built:
-:func:`replay_frame` (config, every lane's text, colours and stats, the scrubber and the
-divergence strip; no plots), then :func:`replay_step_plots` (the scrubbed step's plots of every
-lane and the comparison strip's figures), then :func:`replay_run_plots` (the whole-run plots).
-Measured on a stored five-lane showdown, building all 20 figures took about 1.3 s of server time
-and the browser about 5 s to draw them; the first frame builds none (about 30 ms).
+A replay comes in two frames, so the text is on screen before any figure is built:
+:func:`replay_frame` (configuration, every lane's text, colours and stats, the scrubber, the
+inspector headers and the divergence strip; no figure), then :func:`replay_plots` (the comparison
+strip's figures and every lane's step and run plots), chained after it (:func:`chain_replay`).
+Measured on a stored five-lane showdown (20 plots) on the shared 2-core machine at load 6-13,
+headless Chromium, navigation start to: text shown 3.9-4.4 s (one frame with every plot:
+6.6-10 s), every plot drawn 18-20 s (19-24 s). The server builds the figures in about 1.3 s; the
+rest is the browser drawing them. Three frames (step plots, then run plots) were worse: first
+plots after 22-50 s, every frame costs the page a large fixed amount of work.
 """
 
 from __future__ import annotations
@@ -95,8 +98,7 @@ def branch_line(branch: dict[str, Any], parent_title: str | None) -> str:
 # ---------------------------------------------------------------------- replay
 def replay_frame(page: ComparePage, sid: Any, request: Any = None, clear: bool = False) -> dict[Any, Any]:
     """The first frame of a replay: configuration, every lane's text, colours and stats, the
-    scrubber and the divergence strip; no figure (:func:`replay_step_plots` and
-    :func:`replay_run_plots` follow). With ``clear`` (a page that may show another comparison's
+    scrubber and the divergence strip; no figure (:func:`replay_plots` follows). With ``clear`` (a page that may show another comparison's
     plots) the plot slots are hidden until then; a fresh page's slots are empty, and hiding them
     only to show them again made the browser slower to draw. A branch's lanes are labelled and
     the scrubber is put on the forced step. A bad id is the default page with a one-line message."""
@@ -153,8 +155,8 @@ def replay_frame(page: ComparePage, sid: Any, request: Any = None, clear: bool =
 
 def replay_step_plots(page: ComparePage, traces: list[dict[str, Any]] | None, step: Any,
                       request: Any = None) -> dict[Any, Any]:
-    """The second frame of a replay: the comparison strip's figures and every lane's plots at
-    scrubber ``step`` (a step the user picked meanwhile keeps its plots). Nothing while this
+    """The step half of a replay's plot frame: the comparison strip's figures and every lane's
+    plots at scrubber ``step`` (a step the user picked meanwhile keeps its plots). Nothing while this
     page runs a comparison, or without traces."""
     traces = list(traces or [])
     if not traces or _running(request):
@@ -175,7 +177,7 @@ def replay_step_plots(page: ComparePage, traces: list[dict[str, Any]] | None, st
 
 
 def replay_run_plots(page: ComparePage, traces: list[dict[str, Any]] | None, request: Any = None) -> dict[Any, Any]:
-    """The third frame of a replay: every lane's whole-run plots."""
+    """The run half of a replay's plot frame: every lane's whole-run plots."""
     from playground.ui.inspector import slot_updates
 
     traces = list(traces or [])
@@ -203,18 +205,27 @@ def run_plot_outputs(page: ComparePage) -> list[Any]:
     return out
 
 
+def replay_plots(page: ComparePage, traces: list[dict[str, Any]] | None, step: Any,
+                 request: Any = None) -> dict[Any, Any]:
+    """The second frame of a replay: every plot (:func:`replay_step_plots` and
+    :func:`replay_run_plots` together)."""
+    return {**replay_step_plots(page, traces, step, request), **replay_run_plots(page, traces, request)}
+
+
 def chain_replay(page: ComparePage, event: Any) -> Any:
-    """Chain the plot frames of a replay after ``event`` (whose handler returned
-    :func:`replay_frame`); returns the last event."""
+    """Chain the plot frame of a replay after ``event`` (whose handler returned
+    :func:`replay_frame`); returns the chained event.
 
-    def step_plots(traces: list[dict[str, Any]] | None, step: Any, request: gr.Request) -> dict[Any, Any]:
-        return replay_step_plots(page, traces, step, request)
+    One frame for every plot, not one for the step plots and another for the run plots: in
+    Chromium each frame costs the page a large fixed amount of work, and the split page drew its
+    first plots later than the unsplit one drew all of them (measured, see the module docstring).
+    """
 
-    def run_plots(traces: list[dict[str, Any]] | None, request: gr.Request) -> dict[Any, Any]:
-        return replay_run_plots(page, traces, request)
+    def plots(traces: list[dict[str, Any]] | None, step: Any, request: gr.Request) -> dict[Any, Any]:
+        return replay_plots(page, traces, step, request)
 
-    ev = event.then(step_plots, [page.traces, page.step], step_plot_outputs(page), show_progress="hidden")
-    return ev.then(run_plots, [page.traces], run_plot_outputs(page), show_progress="hidden")
+    return event.then(plots, [page.traces, page.step], step_plot_outputs(page) + run_plot_outputs(page),
+                      show_progress="hidden")
 
 
 def _branch_labels(page: ComparePage, session: dict[str, Any], runs: list[dict[str, Any]]) -> dict[Any, Any]:
@@ -423,7 +434,7 @@ class SessionsView:
 
     def on_open(self, sid: str | None, request: gr.Request = None) -> dict[Any, Any]:
         """Open the selected session in the Compare tab: its text first (:func:`replay_frame`);
-        the plots follow in the chained frames."""
+        the plots follow in the chained frame."""
         if not sid:
             gr.Warning("select a session first")
             return {self.status: status_html("select a session first", "error")}
