@@ -14,11 +14,14 @@ A replay comes in two frames, so the text is on screen before any figure is buil
 :func:`replay_frame` (configuration, every lane's text, colours and stats, the scrubber, the
 inspector headers and the divergence strip; no figure), then :func:`replay_plots` (the comparison
 strip's figures and every lane's step and run plots), chained after it (:func:`chain_replay`).
-Measured on a stored five-lane showdown (20 plots) on the shared 2-core machine at load 6-13,
-headless Chromium, navigation start to: text shown 3.9-4.4 s (one frame with every plot:
-6.6-10 s), every plot drawn 18-20 s (19-24 s). The server builds the figures in about 1.3 s; the
-rest is the browser drawing them. Three frames (step plots, then run plots) were worse: first
-plots after 22-50 s, every frame costs the page a large fixed amount of work.
+Measured on a stored five-lane showdown (20 plots), headless Chromium and the app sharing a
+2-core machine that other jobs kept at load 6-13, navigation start to text shown / every plot
+drawn, two replays per batch: this split 4.4/19.7, 3.9/18.2, 6.8/39.8, 3.5/11.8 s; one frame
+with every plot (before) 10.0/19.0, 6.6/24.5, 4.5/10.8, 4.1/8.6 s — within the noise of that
+machine, no clear win either way. The server builds the figures in about 1.3 s (the first frame
+in about 30 ms); the rest is the browser drawing 20 plotly figures. Three frames (step plots,
+then run plots) were clearly worse (first plots after 22-50 s): each frame costs the page a
+large fixed amount of work.
 """
 
 from __future__ import annotations
