@@ -314,10 +314,6 @@ def _share_sid(q) -> str:
     return q.locator("#share-link textarea, #share-link input").first.input_value().split("?session=")[1]
 
 
-@pytest.mark.xfail(reason="issue 10, open: while four other pages start their runs, the long page's Stop reaches "
-                          "the server only after its run has ended (seen: 'Done in 48-75 s', the app log's Stop "
-                          "finding no run); the browser's main thread is starved by the lanes' rendering",
-                   strict=False)
 def test_several_people_at_once_each_get_their_own_comparison(browser, apps):
     """Four pages press Run together while a fifth runs a long comparison: each of the four
     gets its complete comparison, token for token what ``playground.api.compare`` gives for

@@ -440,3 +440,117 @@ def test_model_work_shares_one_concurrency_group(demo):
     triggers = {(f.fn.__name__, t[1]) for f in fns for t in f.targets}
     assert {("on_run", "click"), ("on_run", "submit"), ("on_model", "load"), ("on_model", "change")} <= triggers
     assert all(f.concurrency_id == MODEL_CONCURRENCY_ID for f in fns)
+
+
+# ---------------------------------------------------------------------- frames the page has drawn (issue 10)
+def _frame_of(up, page):
+    """The frame number a streamed frame's status line carries ("<token>:<n>"), or None."""
+    import re
+
+    m = re.search(r'data-frame="([^"]+)"', raw_of(up, page.status) or "") if page.status in up else None
+    return m.group(1) if m else None
+
+
+def test_a_page_that_acknowledges_frames_is_never_sent_more_than_the_window_ahead(page, tiny, db, monkeypatch):
+    """Each live frame names itself; before sending frame n the stream waits until the page
+    has drawn frame n - FLOW_WINDOW (so frames never queue up in a busy browser, where a click
+    on Stop once waited behind them until the run had ended)."""
+    import playground.ui.run_session as rs
+
+    monkeypatch.setattr(rs, "STREAM_RATE", 0)
+    asked: list[tuple[int, int]] = []
+    wait = rs.FrameFlow.wait_drawn
+
+    def spy(self, frame, timeout, cancelled):
+        ok = wait(self, frame, timeout, cancelled)
+        asked.append((frame, self.drawn))
+        return ok
+
+    monkeypatch.setattr(rs.FrameFlow, "wait_drawn", spy)
+    monkeypatch.setattr(rs, "FLOW_WAIT_S", 120.0)  # a missing acknowledgement would stall the test
+    names = []
+    for up in page.on_run(Session("flow"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=24), "flow"):
+        name = _frame_of(up, page)
+        if name:
+            names.append(name)
+            rs.on_frame_drawn(name)  # the page drew it
+    assert len(names) > rs.FLOW_WINDOW + 1
+    assert [int(n.rsplit(":", 1)[1]) for n in names] == list(range(1, len(names) + 1))
+    assert asked and all(drawn >= frame for frame, drawn in asked)  # every wait ended with the frame drawn
+    assert [f for f, _ in asked] == [n - rs.FLOW_WINDOW for n in range(1, len(asked) + 1)]
+    assert not rs._FLOWS  # the run's flow leaves with it
+    rs.on_frame_drawn(names[-1])  # a late acknowledgement of an ended run is ignored
+    rs.on_frame_drawn("garbage")
+
+
+def test_a_page_that_stops_acknowledging_slows_the_stream_but_never_stalls_it(page, tiny, db, monkeypatch):
+    import playground.ui.run_session as rs
+
+    monkeypatch.setattr(rs, "STREAM_RATE", 0)
+    monkeypatch.setattr(rs, "FLOW_WAIT_S", 0.01)
+    frames = list(page.on_run(Session("mute"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12), "flow"))
+    assert "Done" in html_of(frames[-1], page.status)
+    assert all(len(t["output_ids"]) == 12 for t in frames[-1][page.traces])
+    # a page without the acknowledging script (no flow flag) streams frames without names
+    plain = list(page.on_run(Session("plain"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))
+    assert not [f for f in plain if _frame_of(f, page)]
+
+
+def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch):
+    """A page that stops acknowledging (its browser is swamped) still gets Stop at once. Lane 2's
+    model never finishes loading, so only Stop can end this run."""
+    import threading
+
+    import playground.engine
+    import playground.ui.run_session as rs
+
+    release = threading.Event()
+
+    def load(spec, **kw):
+        if spec == "hanging-model":
+            release.wait(120)
+        return tiny
+
+    monkeypatch.setattr(playground.engine, "load_model", load)
+    monkeypatch.setattr(rs, "STREAM_RATE", 0)
+    monkeypatch.setattr(rs, "FLOW_WAIT_S", 600.0)
+    args = run_args(page, [("greedy", {}), ("greedy", {})], max_new=200)
+    args[9 + 4 + 3] = "hanging-model"  # lane 2's own model
+    gen = page.on_run(Session("swamped"), *args, "flow")
+    try:
+        for up in gen:  # the page draws the first frames, then falls silent
+            if _frame_of(up, page):
+                rs.on_frame_drawn(_frame_of(up, page))
+            runner = _runner_of("swamped")
+            if runner is not None and any(t.get("steps") for t in runner.latest()[1]):
+                break
+        frames: list = []
+        consumer = threading.Thread(target=lambda: frames.extend(gen), daemon=True)
+        consumer.start()
+        consumer.join(0.5)  # it now waits for a frame the page never acknowledges
+        assert consumer.is_alive()
+        page.on_stop(None, Session("swamped"))
+        consumer.join(120)
+        assert not consumer.is_alive(), "Stop did not end a stream waiting for the page"
+        assert "Stopped" in html_of(frames[-1], page.status)
+    finally:
+        release.set()
+
+
+def test_frame_acknowledgements_are_unqueued_and_private(demo):
+    from playground.ui.run_session import FLOW_JS
+
+    acks = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_frame_drawn"]
+    assert len(acks) == 1 and acks[0].queue is False and acks[0].api_visibility == "private"
+    run = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")
+    # the Run event's script posts acknowledgements to exactly that handler
+    assert run.js and f"fn_index: {acks[0]._id}" in run.js and run.js != FLOW_JS
+
+
+def test_the_stats_line_says_when_a_lossless_lane_left_greedys_path():
+    from visualizers import stats_line
+
+    base = {"output_ids": [1, 2], "steps": [], "stats": {"new_tokens": 2, "target_forwards": 2}}
+    assert "lossless_mismatch" not in stats_line(base)
+    assert "lossless_mismatch: 3" in stats_line({**base, "stats": {**base["stats"], "lossless_mismatch": 3}})
+    assert "lossless_mismatch" not in stats_line({**base, "stats": {**base["stats"], "lossless_mismatch": 0}})

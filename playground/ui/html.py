@@ -14,9 +14,11 @@ def esc(text: Any) -> str:
     return _html.escape(str(text))
 
 
-def status_html(text: str, kind: str = "info") -> str:
-    """The one-line status under the Run button (escaped)."""
-    return f'<div class="pg-status pg-status-{kind}">{esc(text)}</div>'
+def status_html(text: str, kind: str = "info", frame: str | None = None) -> str:
+    """The one-line status under the Run button (escaped); ``frame`` names the streamed frame it
+    belongs to (the page acknowledges it once drawn)."""
+    tag = f' data-frame="{esc(frame)}"' if frame else ""
+    return f'<div class="pg-status pg-status-{kind}"{tag}>{esc(text)}</div>'
 
 
 def error_html(message: str) -> str:

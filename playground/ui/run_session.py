@@ -34,7 +34,7 @@ from playground.ui import state as st
 from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import PlotPacer, pending_header
 from playground.ui.layout import PageLayout
-from playground.ui.model_options import option_inputs, page_options
+from playground.ui.model_options import option_inputs, page_options, split_options
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,15 @@ FLOOR_RATE = 2.0  # the worker's own publishing rate; the page's reads ask for t
 # could not even be clicked. Frames are spaced by what they cost the browser instead.
 HTML_BYTES_PER_S = 1_000_000
 JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops within one step)
+# Frames the page may have received but not yet drawn. The browser says which frame it drew
+# (FLOW_JS acknowledges each status line it shows), and the stream waits for it: every frame
+# costs the browser a fixed amount of work (Gradio's frontend revisits every component's
+# loading status per streamed message), so on a busy machine frames sent faster than they are
+# drawn queued up in the browser, and a click on Stop waited behind that queue until the run
+# had ended (issue 10). At most FLOW_WINDOW frames are in flight; FLOW_WAIT_S bounds the
+# wait for one acknowledgement (a lost one only slows the stream down, never stalls it).
+FLOW_WINDOW = 1
+FLOW_WAIT_S = 3.0
 
 # Stop buttons reach the running comparison through this registry (session hash -> runner):
 # the Stop click is a separate event, possibly on another worker thread. One comparison per
@@ -69,6 +78,71 @@ BUSY_JS = ("() => { const b = document.querySelector('#run');"
            + repr(BUSY_MESSAGE) + " + '</div>' : ''; }")
 
 
+class FrameFlow:
+    """How far the page has drawn one run's frames (acknowledged by FLOW_JS)."""
+
+    def __init__(self) -> None:
+        self.drawn = 0  # the newest frame the page has drawn (frames count from 1)
+        self._cond = threading.Condition()
+
+    def ack(self, frame: int) -> None:
+        """The page drew ``frame``."""
+        with self._cond:
+            if frame > self.drawn:
+                self.drawn = frame
+                self._cond.notify_all()
+
+    def wait_drawn(self, frame: int, timeout: float, cancelled: Callable[[], bool]) -> bool:
+        """Wait until the page has drawn ``frame`` (True), for at most ``timeout`` seconds, and
+        no longer once ``cancelled()`` says the run was stopped (Stop's frame goes out at once)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.drawn < frame:
+                rest = deadline - time.monotonic()
+                if rest <= 0 or cancelled():
+                    return False
+                self._cond.wait(min(rest, 0.05))
+            return True
+
+
+# Runs whose page acknowledges frames, by run token (the acknowledgement names the token).
+_FLOWS: dict[str, FrameFlow] = {}
+
+# Installed by the Run event in the browser (once per page): whenever the status line shows a
+# new frame number, tell the server with a plain POST to the unqueued acknowledgement handler
+# (``fn_index`` filled in at wiring). It goes around Gradio's frontend on purpose: a Gradio
+# event per frame would add the very per-message work this is meant to keep bounded. The
+# returned arguments are the Run inputs, with the last one (the flow flag) set.
+FLOW_JS = """(...args) => {
+  if (!window.__pgFlow) {
+    window.__pgFlow = true;
+    const root = ((window.gradio_config && window.gradio_config.root) || (location.origin + location.pathname))
+      .replace(/\\/+$/, '');
+    let last = '';
+    let pending = false;
+    const send = () => {
+      pending = false;
+      const f = document.querySelector('#status [data-frame]');
+      const v = f ? f.getAttribute('data-frame') : '';
+      if (!v || v === last) return;
+      last = v;
+      fetch(root + '/gradio_api/run/predict', {method: 'POST', headers: {'Content-Type': 'application/json'},
+        body: JSON.stringify({data: [v], fn_index: __ACK_FN__, event_data: null, trigger_id: null})}).catch(() => {});
+    };
+    // A frame counts as drawn once the browser is idle after it (laid out, painted, no task
+    // waiting): the next one then cannot crowd out a click. The whole page is watched and
+    // #status looked up each time, so a status element Gradio re-creates is still followed.
+    new MutationObserver(() => {
+      if (pending) return;
+      pending = true;
+      if (window.requestIdleCallback) requestIdleCallback(send, {timeout: 2000}); else setTimeout(send, 50);
+    }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['data-frame']});
+  }
+  args[args.length - 1] = 'flow';
+  return args;
+}"""
+
+
 class Busy(PlaygroundError):
     """A second comparison was asked for in a page whose first one is still running."""
 
@@ -86,6 +160,14 @@ class RunSession(PageLayout):
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
         run_inputs += option_inputs(self)  # chat, system prompt, remote-code opt-in (model_options)
+        # The last input is the flow flag: FLOW_JS sets it to "flow" in a page that acknowledges
+        # the frames it draws (the hidden run token box only carries it; its value is ignored).
+        run_inputs.append(self.run_token)
+        # Acknowledgements of drawn frames: unqueued (a frame must never wait behind a Run).
+        before = set(demo.fns)
+        # (a hidden box never blurs: the page calls this handler only through FLOW_JS)
+        self.run_token.blur(on_frame_drawn, [self.run_token], None, queue=False, show_progress="hidden")
+        ack_fn = max(set(demo.fns) - before)
         # The Run button and Shift+Enter in the prompt are ONE event. As two events with the same
         # outputs, a Shift+Enter during a run sent a second request whose refusal shared the
         # running event's outputs (buttons included) and raised a toast over the page; in the
@@ -95,7 +177,8 @@ class RunSession(PageLayout):
         # while the run streams.
         self.run_event = gr.on([self.run_btn.click, self.prompt.submit], self.on_run, run_inputs,
                                self.run_outputs() + [self.run_btn, self.stop_btn, self.notice, self.run_token],
-                               show_progress="hidden", trigger_mode="once", **model_event_settings())
+                               show_progress="hidden", trigger_mode="once",
+                               js=FLOW_JS.replace("__ACK_FN__", str(int(ack_fn))), **model_event_settings())
         # Every plot is drawn by this follow-up event, after the Done frame has re-enabled Run:
         # the stream stays a short list of outputs, and Done never waits for a dozen figures.
         # Not in the model group: drawing needs no model and must not queue behind a Run.
@@ -115,7 +198,11 @@ class RunSession(PageLayout):
         ``args`` are the values of the Run button's inputs (page settings, then 4 per lane).
         """
         (model, model_path, prompt, seed, max_new, policy, metric, lane_count, preset) = args[:9]
-        lane_args = args[9:]
+        lane_args = args[9: 9 + 4 * self.max_lanes]
+        # After the lanes: the model options, then the flow flag (FLOW_JS sets it, the last input,
+        # in a page that acknowledges the frames it draws).
+        options, tail = split_options(self, tuple(args[9 + 4 * self.max_lanes:]))
+        flow = FrameFlow() if tail == ("flow",) else None
         n = max(1, min(int(lane_count or 2), self.max_lanes))
         lanes = []
         for j in range(n):
@@ -123,7 +210,7 @@ class RunSession(PageLayout):
             lanes.append(st.LaneConfig(decoder=dec or "", params=st.coerce_knobs(dec or "", knobs or {}),
                                        draft=None if draft in (None, "", st.NO_DRAFT) or not st.needs_draft(dec) else draft,
                                        model=None if lmodel in (None, "", st.SAME_MODEL) else lmodel))
-        lanes = st.with_options(lanes, **page_options(*lane_args[4 * len(self.lanes):]))
+        lanes = st.with_options(lanes, **page_options(*options))
         page_model = (model_path or "").strip() or (model or "").strip()
         try:
             seed_i, mnt = st.check_page(page_model, prompt, seed, max_new, lanes)
@@ -152,7 +239,10 @@ class RunSession(PageLayout):
             start[ui.output] = empty_output(ui.k, "Starting…")
             start[ui.stats] = stats_html("")
             start[ui.insp_header] = pending_header(ui.k, cfg.decoder)
+        if flow is not None:
+            _FLOWS[token] = flow
         yield start
+        frame = 0  # frames sent by the stream (the status line carries the number)
         pacer = PlotPacer()
         outputs = {ui.output for ui in self.lanes}
         traces: list[dict[str, Any]] = []
@@ -181,18 +271,25 @@ class RunSession(PageLayout):
                     continue  # the final frame is drawn in full below
                 now = time.perf_counter()
                 up = self.live_updates(traces, metric, shown)
-                if now - last_status >= 0.5 or not up:
+                if now - last_status >= 0.5 or not up or flow is not None:
+                    # with flow control every frame carries the status line: it holds the frame
+                    # number the page acknowledges
                     last_status = now
                     running = sum(1 for t in traces if not t.get("done"))
                     loading = sum(1 for t in traces if t.get("preparing"))
                     what = f", {loading} still loading" if loading else ""
+                    frame += 1
                     up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
-                                                  f"{what} ({now - started:.1f} s)")
+                                                  f"{what} ({now - started:.1f} s)",
+                                                  frame=f"{token}:{frame}" if flow is not None else None)
                 # No lane plots in the stream (a step the user scrubs to or clicks is drawn at
                 # once from the live snapshot by on_step / on_token); the strip at a paced rate.
                 if pacer.due("strip", now):
                     with pacer.timed("strip"):
                         up.update(self.strip_updates(traces, follow=key not in _SELECTED))
+                if flow is not None and runner is not None:
+                    # the page must have drawn all but FLOW_WINDOW of the frames sent so far
+                    flow.wait_drawn(frame - FLOW_WINDOW, FLOW_WAIT_S, lambda: runner.cancelled or runner.finished)
                 yield up
                 spent = sum(len(v) for c, v in up.items() if c in outputs and isinstance(v, str))
                 rest = spent / HTML_BYTES_PER_S - (time.perf_counter() - now)
@@ -216,6 +313,7 @@ class RunSession(PageLayout):
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
             picked = _SELECTED.pop(key, None)
+            _FLOWS.pop(token, None)
         stopped = runner is not None and runner.cancelled
         if traces:
             # The lanes' final text and stats at once (Stop visibly took effect); saving and
@@ -301,6 +399,15 @@ class RunSession(PageLayout):
             gr.Warning("Run a comparison (or open a session) first: there is nothing to share yet.")
             return ""
         return st.share_url(root_url(request), sid)
+
+
+def on_frame_drawn(value: str | None) -> None:
+    """The page drew frame ``"<run token>:<n>"`` of a run (sent by FLOW_JS); anything else,
+    or a run that has ended, is ignored."""
+    tok, _, n = str(value or "").rpartition(":")
+    flow = _FLOWS.get(tok)
+    if flow is not None and n.isdigit():
+        flow.ack(int(n))
 
 
 # ---------------------------------------------------------------------- the model work
