@@ -332,6 +332,9 @@ def stats_line(trace: dict[str, Any]) -> str:
         parts.append(f"finished: {reason}")
     if stats.get("error"):
         parts.append(f"error: {stats['error']}")
+    mismatch = stats.get("lossless_mismatch")
+    if isinstance(mismatch, int) and mismatch > 0:  # a lossless lane left greedy's path: say so, with the count
+        parts.append(f"lossless_mismatch: {mismatch}")
     if trace.get("lossy") and figs is not None:
         parts.append("lossy acceptance")
     return html.escape(" · ".join(str(p) for p in parts))
