@@ -53,7 +53,7 @@ JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops 
 # drawn queued up in the browser, and a click on Stop waited behind that queue until the run
 # had ended (issue 10). At most FLOW_WINDOW frames are in flight; FLOW_WAIT_S bounds the
 # wait for one acknowledgement (a lost one only slows the stream down, never stalls it).
-FLOW_WINDOW = 1
+FLOW_WINDOW = 3  # one was too few: a short run (3 lanes x 48 tokens) ended before a second frame
 FLOW_WAIT_S = 3.0
 
 # Stop buttons reach the running comparison through this registry (session hash -> runner):
@@ -130,7 +130,8 @@ FLOW_JS = """(...args) => {
         body: JSON.stringify({data: [v], fn_index: __ACK_FN__, event_data: null, trigger_id: null})}).catch(() => {});
     };
     // A frame counts as drawn once the browser is idle after it (laid out, painted, no task
-    // waiting): the next one then cannot crowd out a click. The whole page is watched and
+    // waiting), or two seconds later in a page that is never idle: the next ones then cannot
+    // crowd out a click. The whole page is watched and
     // #status looked up each time, so a status element Gradio re-creates is still followed.
     new MutationObserver(() => {
       if (pending) return;
