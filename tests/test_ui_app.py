@@ -554,3 +554,31 @@ def test_the_stats_line_says_when_a_lossless_lane_left_greedys_path():
     assert "lossless_mismatch" not in stats_line(base)
     assert "lossless_mismatch: 3" in stats_line({**base, "stats": {**base["stats"], "lossless_mismatch": 3}})
     assert "lossless_mismatch" not in stats_line({**base, "stats": {**base["stats"], "lossless_mismatch": 0}})
+
+
+def test_events_that_change_nothing_reach_gradio_as_skips(demo):
+    """A handler's ``{}`` ("nothing to change") on an event with several outputs is read by
+    Gradio as one output value and the event fails ("didn't return enough output values"):
+    after a failed run, an empty page's scrub or token click. Every such event skips instead."""
+    import asyncio
+
+    page = demo.compare_page
+    handlers = {"on_draw": ([], 0, Session("nothing")), "on_step": (0, []),
+                "on_token": ([], "step", None), "on_metric": ("probability", [])}
+    seen = set()
+    for block_fn in demo.fns.values():
+        name = getattr(getattr(block_fn.fn, "__wrapped__", None), "__name__", None)
+        if name not in handlers or len(block_fn.outputs) < 2:
+            continue
+        args = handlers[name]
+        if name == "on_step":
+            args = (*args, Session("nothing"))
+        if name == "on_token":
+            args = (*args[:2], type("Evt", (), {"_data": {}})(), Session("nothing"))
+        out = block_fn.fn(*args)
+        asyncio.run(demo.postprocess_data(block_fn, out, None))  # raises on a bare {}
+        seen.add(name)
+        with pytest.raises(Exception, match="enough output values"):
+            asyncio.run(demo.postprocess_data(block_fn, {}, None))  # what the bare handler gave
+    assert seen == set(handlers)
+    assert page.on_draw([], 0, Session("nothing")) == {}

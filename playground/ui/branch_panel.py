@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from playground.errors import PlaygroundError
+from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, one_line, status_html
 
 if TYPE_CHECKING:  # the page mixes the layout with the handlers that open sessions
@@ -177,7 +178,7 @@ class BranchPanel:
 
         page = self.page
         for ui in page.lanes:
-            ui.output.click(self.on_click, [page.traces, self.lane], self.pick_outputs() + [self.accordion],
+            ui.output.click(nothing_is_skip(self.on_click), [page.traces, self.lane], self.pick_outputs() + [self.accordion],
                             show_progress="hidden")
         page.step.input(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
                         show_progress="hidden", trigger_mode="always_last")

@@ -15,6 +15,7 @@ import gradio as gr
 import visualizers
 from playground.ui import state as st
 from playground.ui.html import empty_output, error_html, esc, stats_html
+from playground.ui.events import nothing_is_skip
 from playground.ui.layout import PageLayout
 
 PLOT_EVERY_S = 1.0  # plot refresh period while streaming (text streams at the runner's rate)
@@ -38,14 +39,14 @@ class InspectorHandlers(PageLayout):
     # ================================================================== events
     def wire_inspector(self, demo: gr.Blocks) -> None:
         """Attach the scrubber, token-click and colouring events."""
-        self.step.input(self.on_step, [self.step, self.traces], self.step_outputs(), show_progress="hidden",
+        self.step.input(nothing_is_skip(self.on_step), [self.step, self.traces], self.step_outputs(), show_progress="hidden",
                         trigger_mode="always_last")
         self.step.change(None, [self.step], None, js=HIGHLIGHT_JS)
         for ui in self.lanes:
-            ui.output.click(self.on_token, [self.traces, self.align], self.step_outputs() + [self.position],
+            ui.output.click(nothing_is_skip(self.on_token), [self.traces, self.align], self.step_outputs() + [self.position],
                             show_progress="hidden")
         self.branch.wire(demo)
-        self.metric.change(self.on_metric, [self.metric, self.traces],
+        self.metric.change(nothing_is_skip(self.on_metric), [self.metric, self.traces],
                            [c for ui in self.lanes for c in (ui.output, ui.legend, ui.stats)],
                            show_progress="hidden")
 

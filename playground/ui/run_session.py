@@ -31,6 +31,7 @@ import gradio as gr
 import visualizers
 from playground.errors import PlaygroundError
 from playground.ui import state as st
+from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import PlotPacer, pending_header
 from playground.ui.layout import PageLayout
@@ -183,7 +184,7 @@ class RunSession(PageLayout):
         # Every plot is drawn by this follow-up event, after the Done frame has re-enabled Run:
         # the stream stays a short list of outputs, and Done never waits for a dozen figures.
         # Not in the model group: drawing needs no model and must not queue behind a Run.
-        self.run_event.then(self.on_draw, [self.traces, self.step], self.draw_outputs(), show_progress="hidden")
+        self.run_event.then(nothing_is_skip(self.on_draw), [self.traces, self.step], self.draw_outputs(), show_progress="hidden")
         self.prompt.submit(None, None, [self.notice], js=BUSY_JS, queue=False, show_progress="hidden")
         self.stop_btn.click(self.on_stop, [self.run_token], None, queue=False)
 

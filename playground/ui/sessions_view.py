@@ -38,6 +38,7 @@ import visualizers
 from playground.errors import PlaygroundError
 from playground.ui import state as st
 from playground.ui.compare import ComparePage, private_events
+from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, md_text, status_html
 
 HEADERS = ["Title", "Model", "Decoders", "Created (UTC)", "Id"]
@@ -227,7 +228,7 @@ def chain_replay(page: ComparePage, event: Any) -> Any:
     def plots(traces: list[dict[str, Any]] | None, step: Any, request: gr.Request) -> dict[Any, Any]:
         return replay_plots(page, traces, step, request)
 
-    return event.then(plots, [page.traces, page.step], step_plot_outputs(page) + run_plot_outputs(page),
+    return event.then(nothing_is_skip(plots), [page.traces, page.step], step_plot_outputs(page) + run_plot_outputs(page),
                       show_progress="hidden")
 
 

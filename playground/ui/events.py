@@ -1,0 +1,28 @@
+"""Helpers for wiring Gradio events.
+
+Gradio reads a handler's returned dict as ``{component: update}`` only when it is non-empty: an
+empty dict counts as *one* output value, and an event with several outputs then fails with
+"didn't return enough output values". Handlers here return ``{}`` for "nothing to change" (the
+tests rely on that contract), so events that can change nothing are wired through
+:func:`nothing_is_skip`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import gradio as gr
+
+
+def nothing_is_skip(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an event handler so that an empty update dict reaches Gradio as ``gr.skip()``
+    (change nothing). The wrapper keeps ``fn``'s signature and annotations, so Gradio still
+    injects ``gr.Request`` / ``gr.EventData`` arguments."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        up = fn(*args, **kwargs)
+        return gr.skip() if isinstance(up, dict) and not up else up
+
+    return call
