@@ -545,6 +545,38 @@ def test_frame_acknowledgements_are_unqueued_and_private(demo):
     run = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")
     # the Run event's script posts acknowledgements to exactly that handler
     assert run.js and f"fn_index: {acks[0]._id}" in run.js and run.js != FLOW_JS
+    # and Stop's direct request (sent from the pointer press) to the unqueued stop-by-token handler
+    stops = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "stop_run"]
+    assert len(stops) == 1 and stops[0].queue is False and stops[0].api_visibility == "private"
+    assert f"fn_index: {stops[0]._id}" in run.js and "'#stop'" in run.js
+
+
+def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypatch):
+    """What the page's pointer listener sends on Stop: the run token from the status line's
+    frame name. A stranger's token and an ended run's stop nothing."""
+    import threading
+
+    import playground.ui.run_session as rs
+
+    monkeypatch.setattr(rs, "STREAM_RATE", 0)
+    gen = page.on_run(Session("direct"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200), "flow")
+    frames: list = []
+    for up in gen:
+        frames.append(up)
+        if _frame_of(up, page):
+            rs.on_frame_drawn(_frame_of(up, page))
+            break
+    token = _frame_of(frames[-1], page).rpartition(":")[0]
+    consumer = threading.Thread(target=lambda: frames.extend(gen), daemon=True)
+    consumer.start()
+    rs.stop_run("not-" + token)
+    rs.stop_run("")
+    consumer.join(0.3)
+    assert consumer.is_alive()  # nothing stopped it
+    rs.stop_run(token)
+    consumer.join(120)
+    assert not consumer.is_alive() and "Stopped" in html_of(frames[-1], page.status)
+    rs.stop_run(token)  # the run has ended: nothing happens
 
 
 def test_the_stats_line_says_when_a_lossless_lane_left_greedys_path():

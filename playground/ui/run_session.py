@@ -139,6 +139,18 @@ FLOW_JS = """(...args) => {
       pending = true;
       if (window.requestIdleCallback) requestIdleCallback(send, {timeout: 2000}); else setTimeout(send, 50);
     }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['data-frame']});
+    // Stop also goes straight to the server from the pointer press (capture phase), naming the
+    // run by the token in the status line: Chromium runs input events ahead of queued work, so
+    // this request leaves even while Gradio's frontend is still busy with earlier frames.
+    document.addEventListener('pointerdown', (e) => {
+      const b = e.target && e.target.closest ? e.target.closest('#stop') : null;
+      const f = document.querySelector('#status [data-frame]');
+      const v = f ? f.getAttribute('data-frame') : '';
+      const tok = v.slice(0, v.lastIndexOf(':'));
+      if (!b || b.disabled || !tok) return;
+      fetch(root + '/gradio_api/run/predict', {method: 'POST', headers: {'Content-Type': 'application/json'},
+        body: JSON.stringify({data: [tok], fn_index: __STOP_FN__, event_data: null, trigger_id: null})}).catch(() => {});
+    }, true);
   }
   args[args.length - 1] = 'flow';
   return args;
@@ -170,6 +182,10 @@ class RunSession(PageLayout):
         # (a hidden box never blurs: the page calls this handler only through FLOW_JS)
         self.run_token.blur(on_frame_drawn, [self.run_token], None, queue=False, show_progress="hidden")
         ack_fn = max(set(demo.fns) - before)
+        # Stop by run token from FLOW_JS's pointer listener (unqueued, private, like the acks).
+        before = set(demo.fns)
+        self.run_token.focus(stop_run, [self.run_token], None, queue=False, show_progress="hidden")
+        stop_fn = max(set(demo.fns) - before)
         # The Run button and Shift+Enter in the prompt are ONE event. As two events with the same
         # outputs, a Shift+Enter during a run sent a second request whose refusal shared the
         # running event's outputs (buttons included) and raised a toast over the page; in the
@@ -180,7 +196,7 @@ class RunSession(PageLayout):
         self.run_event = gr.on([self.run_btn.click, self.prompt.submit], self.on_run, run_inputs,
                                self.run_outputs() + [self.run_btn, self.stop_btn, self.notice, self.run_token],
                                show_progress="hidden", trigger_mode="once",
-                               js=FLOW_JS.replace("__ACK_FN__", str(int(ack_fn))), **model_event_settings())
+                               js=FLOW_JS.replace("__ACK_FN__", str(int(ack_fn))).replace("__STOP_FN__", str(int(stop_fn))), **model_event_settings())
         # Every plot is drawn by this follow-up event, after the Done frame has re-enabled Run:
         # the stream stays a short list of outputs, and Done never waits for a dozen figures.
         # Not in the model group: drawing needs no model and must not queue behind a Run.
@@ -401,6 +417,15 @@ class RunSession(PageLayout):
             gr.Warning("Run a comparison (or open a session) first: there is nothing to share yet.")
             return ""
         return st.share_url(root_url(request), sid)
+
+
+def stop_run(token: str | None) -> None:
+    """Stop the running comparison whose run token is ``token`` (sent by FLOW_JS when Stop is
+    pressed); an unknown or ended run's token stops nothing."""
+    with _RUNNERS_LOCK:
+        runner = _BY_TOKEN.get(str(token or "")) if token else None
+    if runner is not None:
+        runner.cancel()
 
 
 def on_frame_drawn(value: str | None) -> None:
