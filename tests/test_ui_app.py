@@ -545,14 +545,14 @@ def test_frame_acknowledgements_are_unqueued_and_private(demo):
     run = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")
     # the Run event's script posts acknowledgements to exactly that handler
     assert run.js and f"fn_index: {acks[0]._id}" in run.js and run.js != FLOW_JS
-    # and Stop's direct request (sent from the pointer press) to the unqueued stop-by-token handler
+    # and Stop's direct request (sent from the click) to the unqueued stop-by-token handler
     stops = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "stop_run"]
     assert len(stops) == 1 and stops[0].queue is False and stops[0].api_visibility == "private"
     assert f"fn_index: {stops[0]._id}" in run.js and "'#stop'" in run.js
 
 
 def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypatch):
-    """What the page's pointer listener sends on Stop: the run token from the status line's
+    """What the page's click listener sends on Stop: the run token from the status line's
     frame name. A stranger's token and an ended run's stop nothing."""
     import threading
 

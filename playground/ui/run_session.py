@@ -139,10 +139,11 @@ FLOW_JS = """(...args) => {
       pending = true;
       if (window.requestIdleCallback) requestIdleCallback(send, {timeout: 2000}); else setTimeout(send, 50);
     }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['data-frame']});
-    // Stop also goes straight to the server from the pointer press (capture phase), naming the
-    // run by the token in the status line: Chromium runs input events ahead of queued work, so
-    // this request leaves even while Gradio's frontend is still busy with earlier frames.
-    document.addEventListener('pointerdown', (e) => {
+    // Stop also goes straight to the server from the click (capture phase, before Gradio's own
+    // handler; a keyboard press or a script's click() counts too), naming the run by the token
+    // in the status line: Chromium runs input events ahead of queued work, so this request
+    // leaves even while Gradio's frontend is still busy with earlier frames.
+    document.addEventListener('click', (e) => {
       const b = e.target && e.target.closest ? e.target.closest('#stop') : null;
       const f = document.querySelector('#status [data-frame]');
       const v = f ? f.getAttribute('data-frame') : '';
@@ -182,7 +183,7 @@ class RunSession(PageLayout):
         # (a hidden box never blurs: the page calls this handler only through FLOW_JS)
         self.run_token.blur(on_frame_drawn, [self.run_token], None, queue=False, show_progress="hidden")
         ack_fn = max(set(demo.fns) - before)
-        # Stop by run token from FLOW_JS's pointer listener (unqueued, private, like the acks).
+        # Stop by run token from FLOW_JS's click listener (unqueued, private, like the acks).
         before = set(demo.fns)
         self.run_token.focus(stop_run, [self.run_token], None, queue=False, show_progress="hidden")
         stop_fn = max(set(demo.fns) - before)
