@@ -133,25 +133,29 @@ def test_nothing_to_draw_without_traces(page, db):
     assert replay_run_plots(page, None, Session("empty")) == {}
 
 
-def test_a_share_link_replays_in_frames(page, stored, monkeypatch):
+def test_a_share_link_replays_in_one_frame(page, stored, monkeypatch):
+    """A fresh page opening a link gets text and plots together: there, a second frame cost
+    Chromium more than it saved (every plot drawn 12.4-13.5 s after navigation in two frames,
+    8.4-12.2 s in one, the text only ~0.5 s earlier; docs/benchmarks.md)."""
     sid, traces = stored
     import playground.engine
 
     monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
     monkeypatch.setattr(playground.engine, "load_model", lambda *a, **k: pytest.fail("replay loaded a model"))
     up = page.on_load(Session("link", session=sid))
-    assert up[page.sid] == sid and up[page.traces] == traces and figures(up) == []
+    assert up[page.sid] == sid and up[page.traces] == traces
+    assert {page.progress_plot, page.lanes[0].step_plots[0], page.lanes[0].run_plots[0]} <= set(figures(up))
     assert "Replaying" in text(up, page.status)
     bad = page.on_load(Session("link", session="bad id!"))
     assert "malformed session id" in text(bad, page.status) and "bad id!" not in text(bad, page.status)
 
 
-def test_the_load_and_open_events_chain_the_plot_frame(demo, page, stored):
+def test_sessions_open_chains_the_plot_frame(demo, page, stored):
     from playground.ui.sessions_view import replay_frame, replay_plots, run_plot_outputs, step_plot_outputs
 
     chained = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "plots"
                and getattr(fn.fn, "__module__", "") == "playground.ui.sessions_view"]
-    assert len(chained) == 2  # after the page load (a share link) and after Sessions' Open
+    assert len(chained) == 1  # after Sessions' Open (a share link's fresh page gets one frame)
     assert all(fn.trigger_after is not None for fn in chained)
     sid, traces = stored
     first = replay_frame(page, sid)
