@@ -136,7 +136,7 @@ def test_nothing_to_draw_without_traces(page, db):
 def test_a_share_link_replays_in_one_frame(page, stored, monkeypatch):
     """A fresh page opening a link gets text and plots together: there, a second frame cost
     Chromium more than it saved (every plot drawn 12.4-13.5 s after navigation in two frames,
-    8.4-12.2 s in one, the text only ~0.5 s earlier; docs/benchmarks.md)."""
+    8.4-12.2 s in one, 10.0-10.8 s merged, the text only ~0.5 s earlier; idle machine, 4 replays each)."""
     sid, traces = stored
     import playground.engine
 
