@@ -390,8 +390,11 @@ def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatc
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
     live = frames[1:-1]
     assert live and all(page.traces not in f for f in live)  # the state is filled in once, at the end
-    # ...and emptied by the start frame (Gradio hashes a state with a change listener around every frame)
-    assert frames[0][page.traces] == []
+    # ...and the start frame leaves it (and the session id) alone: changing them set off their
+    # listeners' events in the browser just as the first tokens should be drawn
+    assert page.traces not in frames[0] and page.sid not in frames[0] and page.shown not in frames[0]
+    final = frames[-1]
+    assert final[page.traces] and final[page.shown] and final[page.sid]
     assert all(not any(c in f for c in page.lanes[0].run_plots) for f in live)
     # a lane whose text did not change sends nothing: some frames carry only one lane
     assert any((page.lanes[0].output in f) != (page.lanes[1].output in f) for f in live)
@@ -537,18 +540,40 @@ def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch
         release.set()
 
 
-def test_frame_acknowledgements_are_unqueued_and_private(demo):
-    from playground.ui.run_session import FLOW_JS
+def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
+    """Acknowledgements, Stop's direct path and the live feed's polls go to plain routes of
+    the app (a Gradio event per request rebuilt the page's whole configuration first), which
+    launch() adds ahead of Gradio's own."""
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
 
-    acks = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_frame_drawn"]
-    assert len(acks) == 1 and acks[0].queue is False and acks[0].api_visibility == "private"
+    import playground.ui.run_session as rs
+    from playground.ui import launch
+    from playground.ui.page_routes import page_routes
+
     run = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")
-    # the Run event's script posts acknowledgements to exactly that handler
-    assert run.js and f"fn_index: {acks[0]._id}" in run.js and run.js != FLOW_JS
-    # and Stop's direct request (sent from the click) to the unqueued stop-by-token handler
-    stops = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "stop_run"]
-    assert len(stops) == 1 and stops[0].queue is False and stops[0].api_visibility == "private"
-    assert f"fn_index: {stops[0]._id}" in run.js and "'#stop'" in run.js
+    assert run.js == rs.FLOW_JS
+    for what in ("ack", "stop", "live"):
+        assert f"post('{what}'" in run.js
+    assert "root + '/playground_api/' + what" in run.js and "'#stop'" in run.js
+    seen = {}
+    monkeypatch.setattr(type(demo), "launch", lambda self, **kw: seen.update(kw))
+    monkeypatch.setattr(type(demo), "queue", lambda self, **kw: self)
+    launch(demo)
+    assert [r.path for r in seen["app_kwargs"]["routes"]] == [r.path for r in page_routes()]
+
+    acked, stopped = [], []
+    monkeypatch.setattr(rs, "on_frame_drawn", acked.append)
+    monkeypatch.setattr(rs, "stop_run", stopped.append)
+    client = TestClient(Starlette(routes=page_routes()))
+    assert client.post("/playground_api/ack", json={"value": "tok:3"}).status_code == 204
+    assert client.post("/playground_api/stop", json={"value": "tok"}).status_code == 204
+    assert acked == ["tok:3"] and stopped == ["tok"]
+    # an unknown run's poll says so at once; junk is refused without touching anything
+    assert client.post("/playground_api/live", json={"value": "x" * 20 + ":0"}).json() == {"unknown": True}
+    assert client.post("/playground_api/live", content=b"not json").json() == {"unknown": True}
+    assert client.post("/playground_api/stop", content=b"x" * 5000).status_code == 204
+    assert stopped == ["tok", None]
 
 
 def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypatch):
@@ -614,3 +639,23 @@ def test_events_that_change_nothing_reach_gradio_as_skips(demo):
             asyncio.run(demo.postprocess_data(block_fn, {}, None))  # what the bare handler gave
     assert seen == set(handlers)
     assert page.on_draw([], 0, Session("nothing")) == {}
+
+
+def test_the_traces_state_has_no_change_listener(demo):
+    """Gradio hashes a state with change listeners whole around every frame of every event
+    that writes it; listeners that follow the shown run watch ``shown`` instead."""
+    page = demo.compare_page
+    targets = {t for f in demo.fns.values() for t in f.targets}
+    assert (page.traces._id, "change") not in targets
+    assert (page.shown._id, "change") in targets
+
+
+def test_share_while_running_is_refused_in_one_line(page, tiny, db, monkeypatch):
+    import playground.ui.run_session as rs
+
+    monkeypatch.setattr(rs, "running_runner", lambda key: object())
+    warned = []
+    monkeypatch.setattr(rs.gr, "Warning", lambda m: warned.append(m))
+    assert page.on_share("some-session", Session("share")) == ""
+    assert len(warned) == 1 and "still running" in warned[0] and "\n" not in warned[0]
+

@@ -69,5 +69,9 @@ def launch(demo: gr.Blocks, **overrides: object) -> None:
     """Launch with the queue and launch settings hosting decides, and the page CSS."""
     from playground.hosting import launch_settings, queue_settings
 
-    settings = {**launch_settings(), "css": css(), "theme": gr.themes.Soft(), **overrides}
+    from playground.ui.page_routes import page_routes
+
+    # the page script's own routes (live feed, frame acknowledgements, Stop) come first
+    settings = {**launch_settings(), "css": css(), "theme": gr.themes.Soft(),
+                "app_kwargs": {"routes": page_routes()}, **overrides}
     demo.queue(**queue_settings()).launch(**settings)

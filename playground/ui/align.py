@@ -81,7 +81,7 @@ def wire_align(page: PageLayout, demo: gr.Blocks) -> None:
                         outs, show_progress="hidden", trigger_mode="always_last")
     page.position.change(None, [page.position, page.align], None, js=POSITION_HIGHLIGHT_JS)
     # A finished run (or an opened session) fills the traces: the position scrubber's range follows.
-    page.traces.change(lambda traces: position_range(page, traces), [page.traces], [page.position],
+    page.shown.change(lambda traces: position_range(page, traces), [page.traces], [page.position],
                        show_progress="hidden")
     page.focus.change(None, [page.focus], None, js=FOCUS_JS)
 

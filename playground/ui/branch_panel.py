@@ -185,7 +185,7 @@ class BranchPanel:
         self.lane.input(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
                         show_progress="hidden")
         # a finished run or an opened session (a branch too) fills the traces
-        page.traces.change(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
+        page.shown.change(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
                            show_progress="hidden")
         page.sid.change(self.on_sid, [page.sid], [self.parent, self.parent_btn], show_progress="hidden")
         # The status first, unqueued: the page says at once that the branch is on its way (it may

@@ -7,6 +7,7 @@ out decoding.
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any, Callable
 
@@ -17,6 +18,7 @@ from playground.ui import state as st
 from playground.ui.html import empty_output, error_html, esc, stats_html
 from playground.ui.events import nothing_is_skip
 from playground.ui.layout import PageLayout
+from playground.ui.live_feed import lane_signature
 
 PLOT_EVERY_S = 1.0  # plot refresh period while streaming (text streams at the runner's rate)
 
@@ -55,7 +57,7 @@ class InspectorHandlers(PageLayout):
                        plots: bool = True, status: str | None = None, sid: Any = None,
                        live: bool = False) -> dict[Any, Any]:
         """Updates that show ``traces`` (lane outputs, stats and, with ``plots``, the inspector)."""
-        up: dict[Any, Any] = {self.traces: traces}
+        up: dict[Any, Any] = {self.traces: traces, self.shown: secrets.token_hex(8)}
         if status is not None:
             up[self.status] = status
         if sid is not None:
@@ -72,9 +74,7 @@ class InspectorHandlers(PageLayout):
         """While streaming: output and stats of the lanes that changed since ``shown`` (updated)."""
         up: dict[Any, Any] = {}
         for j, tr in enumerate(traces[: len(self.lanes)]):
-            stats = tr.get("stats") or {}
-            sig = (len(tr.get("output_ids") or ()), len(tr.get("steps") or ()), bool(tr.get("done")),
-                   bool(tr.get("preparing")), stats.get("error"), stats.get("finish_reason"))
+            sig = lane_signature(tr)
             if shown.get(j) == sig:
                 continue
             first = j not in shown
@@ -84,6 +84,25 @@ class InspectorHandlers(PageLayout):
                 lane.pop(self.lanes[j].legend)  # the colouring does not change while a lane runs
             up.update(lane)
         return up
+
+    def legend_updates(self, traces: list[dict[str, Any]], metric: str, shown: dict[int, str]) -> dict[Any, Any]:
+        """While the page reads lane text from the live feed: a lane's legend when its colouring
+        is first known or changes (``shown``: lane -> metric, updated)."""
+        up: dict[Any, Any] = {}
+        for j, tr in enumerate(traces[: len(self.lanes)]):
+            m = st.auto_metric(tr, metric)
+            if shown.get(j) != m:
+                shown[j] = m
+                up[self.lanes[j].legend] = visualizers.legend_html(m)
+        return up
+
+    def live_lane(self, j: int, trace: dict[str, Any], metric: str) -> tuple[str, str]:
+        """Lane ``j``'s streaming output (an open string that grows by appending) and stats,
+        as the live feed sends them (empty for a lane the page does not have)."""
+        if j >= len(self.lanes):
+            return "", ""
+        up = self.lane_updates(j, trace, metric, live=True)
+        return up[self.lanes[j].output], up[self.lanes[j].stats]
 
     def lane_updates(self, j: int, trace: dict[str, Any], metric: str, live: bool = False) -> dict[Any, Any]:
         """Output, legend and stats of lane ``j`` (0-based); ``live`` while streaming."""

@@ -7,6 +7,8 @@ Lane knobs are rendered from the decoder's parameter spec with ``gr.render`` and
 
 from __future__ import annotations
 
+import secrets
+
 import time
 from functools import partial
 from typing import Any, Callable
@@ -143,8 +145,10 @@ class LaneConfigHandlers(PageLayout):
 
     def not_run(self, n: int, message: str) -> dict[Any, Any]:
         """Lanes ``1..n`` after a run that was refused or failed before they started: the
-        reason in red in each (never a lasting "Starting…"), no stats."""
-        return {**{ui.output: error_html(message) + empty_output(ui.k, "Not run.") for ui in self.lanes[:n]},
+        reason in red in each (never a lasting "Starting…"), no stats, and no session: what the
+        previous run left (its traces, its share link) is not this page's any more."""
+        return {self.traces: [], self.shown: secrets.token_hex(8), self.sid: None,
+                **{ui.output: error_html(message) + empty_output(ui.k, "Not run.") for ui in self.lanes[:n]},
                 **{ui.stats: stats_html("") for ui in self.lanes[:n]},
                 **{ui.insp_header: f'<div class="lane-title">Lane {ui.k}</div>' for ui in self.lanes[:n]}}
 

@@ -136,6 +136,11 @@ class PageLayout:
 
         self.lane_count = gr.State(3)
         self.traces = gr.State([])
+        # Names the traces the page shows; a new name whenever they are replaced (a run ended, a
+        # session opened). Listeners that follow the shown run watch this small value, not the
+        # traces: Gradio hashes a state with change listeners whole around every frame of every
+        # event that writes it, and a run's traces are megabytes.
+        self.shown = gr.State("")
         self.sid = gr.State(None)
         self.preset_state = gr.State(None)
 
@@ -232,7 +237,7 @@ class PageLayout:
 
     def result_outputs(self) -> list[Any]:
         """Everything that shows the results of a comparison."""
-        out: list[Any] = [self.status, self.traces, self.sid, self.share_link, self.step, self.progress_plot,
+        out: list[Any] = [self.status, self.traces, self.shown, self.sid, self.share_link, self.step, self.progress_plot,
                           self.divergence, *self.compare_plots]
         for ui in self.lanes:
             out += [ui.output, ui.legend, ui.stats, ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots,
@@ -244,7 +249,7 @@ class PageLayout:
         output, legend and stats — no inspector plots. Kept short on purpose: Gradio builds a
         component for every output a frame leaves out, on every frame (the full results list
         was about 90 outputs)."""
-        out: list[Any] = [self.status, self.traces, self.sid, self.share_link, self.step, self.progress_plot,
+        out: list[Any] = [self.status, self.traces, self.shown, self.sid, self.share_link, self.step, self.progress_plot,
                           self.divergence]
         for ui in self.lanes:
             # the header says the plots follow (the previous run's stay below it until then)

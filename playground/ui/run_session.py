@@ -35,6 +35,7 @@ from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import PlotPacer, pending_header
 from playground.ui.layout import PageLayout
+from playground.ui.live_feed import close_feed, open_feed
 from playground.ui.model_options import option_inputs, page_options, split_options
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ FLOOR_RATE = 2.0  # the worker's own publishing rate; the page's reads ask for t
 # at twelve frames a second kept the browser's main thread busy for tens of seconds and Stop
 # could not even be clicked. Frames are spaced by what they cost the browser instead.
 HTML_BYTES_PER_S = 1_000_000
+# While the page reads lane text from the live feed, the Run frames carry the status line
+# about once a second: each Gradio message costs the browser a walk over every component
+# (~0.1 s on a two-core machine), time the live text and a click on Stop need.
+FOLLOWED_STATUS_S = 1.0
 JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops within one step)
 # Frames the page may have received but not yet drawn. The browser says which frame it drew
 # (FLOW_JS acknowledges each status line it shows), and the stream waits for it: every frame
@@ -109,16 +114,26 @@ class FrameFlow:
 # Runs whose page acknowledges frames, by run token (the acknowledgement names the token).
 _FLOWS: dict[str, FrameFlow] = {}
 
-# Installed by the Run event in the browser (once per page): whenever the status line shows a
-# new frame number, tell the server with a plain POST to the unqueued acknowledgement handler
-# (``fn_index`` filled in at wiring). It goes around Gradio's frontend on purpose: a Gradio
-# event per frame would add the very per-message work this is meant to keep bounded. The
-# returned arguments are the Run inputs, with the last one (the flow flag) set.
+# Run by the Run event in the browser, before the request leaves. Once per page it installs
+# two things. (1) Frame acknowledgements: whenever the status line shows a new frame number,
+# tell the server with a plain POST. (2) Stop's direct path: a click on #stop (capture phase,
+# before Gradio's own handler; a keyboard press or a script's click() counts too) posts the
+# run's token straight to the server:
+# Chromium runs input events ahead of queued work, so this request leaves even while Gradio's
+# frontend is still busy with earlier frames. Both go around Gradio's frontend on purpose: a
+# Gradio event per frame would add the very per-message work this is meant to keep bounded.
+# Then, at every Run, it names the run (a random token, the last Run input as "flow:<token>")
+# and reads the run's live feed (live_feed.py): a long poll answered as soon as the lanes grew,
+# whose new tokens and stats it patches into the lanes, asking again once the browser has drawn
+# them, at most POLL_HZ times a second. All three requests go to the app's own routes
+# (page_routes.py), not to Gradio events.
 FLOW_JS = """(...args) => {
+  const root = ((window.gradio_config && window.gradio_config.root) || (location.origin + location.pathname))
+    .replace(/\\/+$/, '');
+  const post = (what, value) => fetch(root + '/playground_api/' + what, {method: 'POST',
+    headers: {'Content-Type': 'application/json'}, body: JSON.stringify({value})});
   if (!window.__pgFlow) {
     window.__pgFlow = true;
-    const root = ((window.gradio_config && window.gradio_config.root) || (location.origin + location.pathname))
-      .replace(/\\/+$/, '');
     let last = '';
     let pending = false;
     const send = () => {
@@ -127,33 +142,74 @@ FLOW_JS = """(...args) => {
       const v = f ? f.getAttribute('data-frame') : '';
       if (!v || v === last) return;
       last = v;
-      fetch(root + '/gradio_api/run/predict', {method: 'POST', headers: {'Content-Type': 'application/json'},
-        body: JSON.stringify({data: [v], fn_index: __ACK_FN__, event_data: null, trigger_id: null})}).catch(() => {});
+      post('ack', v).catch(() => {});
     };
     // A frame counts as drawn once the browser is idle after it (laid out, painted, no task
     // waiting), or two seconds later in a page that is never idle: the next ones then cannot
-    // crowd out a click. The whole page is watched and
-    // #status looked up each time, so a status element Gradio re-creates is still followed.
+    // crowd out a click. The whole page is watched and #status looked up each time, so a
+    // status element Gradio re-creates is still followed.
     new MutationObserver(() => {
       if (pending) return;
       pending = true;
       if (window.requestIdleCallback) requestIdleCallback(send, {timeout: 2000}); else setTimeout(send, 50);
     }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['data-frame']});
-    // Stop also goes straight to the server from the click (capture phase, before Gradio's own
-    // handler; a keyboard press or a script's click() counts too), naming the run by the token
-    // in the status line: Chromium runs input events ahead of queued work, so this request
-    // leaves even while Gradio's frontend is still busy with earlier frames.
     document.addEventListener('click', (e) => {
       const b = e.target && e.target.closest ? e.target.closest('#stop') : null;
+      if (!b || b.disabled) return;
       const f = document.querySelector('#status [data-frame]');
       const v = f ? f.getAttribute('data-frame') : '';
-      const tok = v.slice(0, v.lastIndexOf(':'));
-      if (!b || b.disabled || !tok) return;
-      fetch(root + '/gradio_api/run/predict', {method: 'POST', headers: {'Content-Type': 'application/json'},
-        body: JSON.stringify({data: [tok], fn_index: __STOP_FN__, event_data: null, trigger_id: null})}).catch(() => {});
+      const tok = (window.__pgLive && window.__pgLive.tok) || v.slice(0, v.lastIndexOf(':'));
+      if (tok) post('stop', tok).catch(() => {});
     }, true);
   }
-  args[args.length - 1] = 'flow';
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  const tok = Array.from(bytes, (x) => x.toString(16).padStart(2, '0')).join('');
+  const live = window.__pgLive = {tok, seq: 0, seen: false, misses: 0};
+  // Patch one answer into the lanes. An append goes at the end of the lane's tokens only if
+  // the element is still the one this run wrote (Gradio may have replaced it); otherwise the
+  // next poll asks for every lane whole.
+  const apply = (ans) => {
+    let whole = false;
+    for (const l of ans.lanes) {
+      const k = l.lane + 1;
+      const out = document.querySelector('#lane-' + k + '-output .tok-output');
+      if (out) {
+        if (l.op === 'append') {
+          if (out.dataset.live === tok) out.insertAdjacentHTML('beforeend', l.html); else whole = true;
+        } else {
+          const box = out.parentElement;
+          box.innerHTML = l.html;
+          const mine = box.querySelector('.tok-output');
+          if (mine) mine.dataset.live = tok;
+        }
+      } else whole = true;
+      const st = document.querySelector('#lane-' + k + '-stats .lane-stats');
+      if (st && st.parentElement) st.parentElement.innerHTML = l.stats;
+    }
+    return whole;
+  };
+  const POLL_HZ = 12;
+  const poll = () => {
+    if (window.__pgLive !== live) return;  // a newer run reads its own feed
+    const asked = performance.now();
+    post('live', tok + ':' + live.seq).then((r) => r.json()).then((ans) => {
+      if (window.__pgLive !== live) return;
+      if (ans.unknown) {
+        // not started yet (queued, or the poll overtook the Run), or over: a run once seen
+        // has ended; one never seen is waited for a while (each poll waits a second)
+        if (!live.seen && ++live.misses < 120) setTimeout(poll, 0);
+        return;
+      }
+      live.seen = true;
+      live.seq = apply(ans) ? -1 : ans.seq;
+      if (ans.done) return;
+      // ask again once this answer is drawn (a hidden tab draws nothing and stops asking: the
+      // Run frames then carry the text), and not more than POLL_HZ times a second
+      requestAnimationFrame(() => setTimeout(poll, Math.max(0, 1000 / POLL_HZ - (performance.now() - asked))));
+    }).catch(() => { if (window.__pgLive === live && ++live.misses < 120) setTimeout(poll, 500); });
+  };
+  poll();
+  args[args.length - 1] = 'flow:' + tok;
   return args;
 }"""
 
@@ -175,18 +231,10 @@ class RunSession(PageLayout):
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
         run_inputs += option_inputs(self)  # chat, system prompt, remote-code opt-in (model_options)
-        # The last input is the flow flag: FLOW_JS sets it to "flow" in a page that acknowledges
-        # the frames it draws (the hidden run token box only carries it; its value is ignored).
+        # The last input is the flow flag: FLOW_JS sets it to "flow:<run token>" in a page that
+        # acknowledges the frames it draws and reads the live feed (the hidden run token box only
+        # carries it; its own value is ignored).
         run_inputs.append(self.run_token)
-        # Acknowledgements of drawn frames: unqueued (a frame must never wait behind a Run).
-        before = set(demo.fns)
-        # (a hidden box never blurs: the page calls this handler only through FLOW_JS)
-        self.run_token.blur(on_frame_drawn, [self.run_token], None, queue=False, show_progress="hidden")
-        ack_fn = max(set(demo.fns) - before)
-        # Stop by run token from FLOW_JS's click listener (unqueued, private, like the acks).
-        before = set(demo.fns)
-        self.run_token.focus(stop_run, [self.run_token], None, queue=False, show_progress="hidden")
-        stop_fn = max(set(demo.fns) - before)
         # The Run button and Shift+Enter in the prompt are ONE event. As two events with the same
         # outputs, a Shift+Enter during a run sent a second request whose refusal shared the
         # running event's outputs (buttons included) and raised a toast over the page; in the
@@ -197,7 +245,7 @@ class RunSession(PageLayout):
         self.run_event = gr.on([self.run_btn.click, self.prompt.submit], self.on_run, run_inputs,
                                self.run_outputs() + [self.run_btn, self.stop_btn, self.notice, self.run_token],
                                show_progress="hidden", trigger_mode="once",
-                               js=FLOW_JS.replace("__ACK_FN__", str(int(ack_fn))).replace("__STOP_FN__", str(int(stop_fn))), **model_event_settings())
+                               js=FLOW_JS, **model_event_settings())
         # Every plot is drawn by this follow-up event, after the Done frame has re-enabled Run:
         # the stream stays a short list of outputs, and Done never waits for a dozen figures.
         # Not in the model group: drawing needs no model and must not queue behind a Run.
@@ -221,7 +269,8 @@ class RunSession(PageLayout):
         # After the lanes: the model options, then the flow flag (FLOW_JS sets it, the last input,
         # in a page that acknowledges the frames it draws).
         options, tail = split_options(self, tuple(args[9 + 4 * self.max_lanes:]))
-        flow = FrameFlow() if tail == ("flow",) else None
+        flag = str(tail[0]) if tail and tail[0] else ""
+        flow = FrameFlow() if flag == "flow" or flag.startswith("flow:") else None
         n = max(1, min(int(lane_count or 2), self.max_lanes))
         lanes = []
         for j in range(n):
@@ -244,16 +293,22 @@ class RunSession(PageLayout):
             yield {self.status: status_html(BUSY_MESSAGE, "error")}
             return
         started = time.perf_counter()
-        token = secrets.token_urlsafe(16)
+        # The page's script names the run (so it can read the live feed and send Stop before the
+        # first frame arrives); a page without it, or a token in use, gets one made here.
+        feed = open_feed(flag[len("flow:"):], self._live_render(metric)) if flag.startswith("flow:") else None
+        token = flag[len("flow:"):] if feed is not None else secrets.token_urlsafe(16)
+        # Every frame until the last repeats the buttons' state. Gradio streams each output as a
+        # diff against its previous frame, and a frame that leaves the buttons out reads as
+        # "delete interactive"; when the browser took the first two frames together, Stop stayed
+        # disabled for the whole run (1 run in 4 in the browser) and could not be pressed.
+        busy = {self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True)}
         start: dict[Any, Any] = {
             self.run_token: token,
             self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
-            self.sid: "", self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True),
-            self.notice: "",
-            # Empty the previous run's traces: the state has a change listener (align.py), so
-            # Gradio hashes it whole around every frame, and a finished run's traces made each
-            # frame of the page's next run cost tens of milliseconds.
-            self.traces: []}
+            **busy, self.notice: ""}
+        # The previous run's traces and session id stay until the last frame replaces them:
+        # changing them here set off their change listeners (three more events, each costing the
+        # browser a walk over every component) just when the first tokens should be drawn.
         for ui, cfg in zip(self.lanes, lanes):
             start[ui.output] = empty_output(ui.k, "Starting…")
             start[ui.stats] = stats_html("")
@@ -267,6 +322,7 @@ class RunSession(PageLayout):
         traces: list[dict[str, Any]] = []
         runner = None
         shown: dict[int, Any] = {}  # lane -> what its output shows now (so unchanged lanes send nothing)
+        legends: dict[int, str] = {}  # lane -> the colouring its legend shows (while the feed is read)
         warned: set[int] = set()
         last_status = -1.0
         _SELECTED.pop(key, None)
@@ -275,6 +331,8 @@ class RunSession(PageLayout):
             for kind, payload in stream:
                 if kind == "runner":
                     runner = payload
+                    if feed is not None:
+                        feed.attach(runner)
                     with _RUNNERS_LOCK:
                         for t in [t for t, r in _BY_TOKEN.items() if r.finished]:
                             del _BY_TOKEN[t]  # ended runs leave (a closed page's too)
@@ -289,7 +347,19 @@ class RunSession(PageLayout):
                 if runner is not None and runner.finished:
                     continue  # the final frame is drawn in full below
                 now = time.perf_counter()
-                up = self.live_updates(traces, metric, shown)
+                if feed is not None and feed.following():
+                    # the page reads the lanes' text from the live feed; these frames carry
+                    # the rest (status, legends, the strip), a couple of times a second
+                    up = self.legend_updates(traces, metric, legends)
+                    shown.clear()  # should the page stop reading, every lane is sent here whole
+                    if not up and now - last_status < FOLLOWED_STATUS_S and not pacer.due("strip", now):
+                        if runner is not None:
+                            # nothing to send for a while: read again when the status is due
+                            # (each read makes the worker publish a snapshot)
+                            runner.join(max(0.0, FOLLOWED_STATUS_S - (now - last_status)))
+                        continue
+                else:
+                    up = self.live_updates(traces, metric, shown)
                 if now - last_status >= 0.5 or not up or flow is not None:
                     # with flow control every frame carries the status line: it holds the frame
                     # number the page acknowledges
@@ -309,6 +379,7 @@ class RunSession(PageLayout):
                 if flow is not None and runner is not None:
                     # the page must have drawn all but FLOW_WINDOW of the frames sent so far
                     flow.wait_drawn(frame - FLOW_WINDOW, FLOW_WAIT_S, lambda: runner.cancelled or runner.finished)
+                up.update(busy)
                 yield up
                 spent = sum(len(v) for c, v in up.items() if c in outputs and isinstance(v, str))
                 rest = spent / HTML_BYTES_PER_S - (time.perf_counter() - now)
@@ -333,11 +404,12 @@ class RunSession(PageLayout):
             stream.close()  # the page went away (or an error): the worker must not run on
             picked = _SELECTED.pop(key, None)
             _FLOWS.pop(token, None)
+            close_feed(token)
         stopped = runner is not None and runner.cancelled
         if traces:
             # The lanes' final text and stats at once (Stop visibly took effect); saving and
             # drawing every plot take longer and follow in the last frame.
-            yield {**self.live_updates(traces, metric, shown),
+            yield {**self.live_updates(traces, metric, shown), **busy,
                    self.status: status_html(f"{'Stopped' if stopped else 'Finishing'} — saving and drawing "
                                             f"every plot…")}
         sid, saved = None, ""
@@ -361,6 +433,7 @@ class RunSession(PageLayout):
         up = self.result_updates(traces, metric, step=None, plots=False, sid=sid,
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
                                                     "error" if failed else "ok" if not stopped else "info"))
+        up[self.sid] = sid  # None when nothing was saved: the previous run's session is not this one
         top = max((visualizers.step_count(t) for t in traces), default=0)
         last = max(top - 1, 0)
         # The scrubber: the last step, or the one the user picked while the run streamed; the
@@ -371,6 +444,10 @@ class RunSession(PageLayout):
         up[self.notice] = ""
         _DRAW_PENDING[key] = False
         yield up
+
+    def _live_render(self, metric: str) -> Callable[[int, dict[str, Any]], tuple[str, str]]:
+        """How the live feed renders a lane (the same HTML the Run frames would carry)."""
+        return lambda j, trace: self.live_lane(j, trace, metric)
 
     def on_draw(self, traces: list[dict[str, Any]] | None, step: Any, request: gr.Request) -> dict[Any, Any]:
         """Draw every plot of the run that just ended (chained after Run), at scrubber ``step``.
@@ -414,6 +491,9 @@ class RunSession(PageLayout):
 
     def on_share(self, sid: str | None, request: gr.Request) -> str:
         """Show the share link of the current session."""
+        if running_runner(session_key(request)) is not None:
+            gr.Warning("the comparison is still running: press Share once it is done (or stopped)")
+            return ""
         if not sid:
             gr.Warning("Run a comparison (or open a session) first: there is nothing to share yet.")
             return ""

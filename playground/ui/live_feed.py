@@ -1,0 +1,172 @@
+"""The page's direct channel for lane text while a run streams.
+
+Every message Gradio streams costs its frontend a fixed amount of work whatever its size (it
+revisits every component's loading status and state), so lane text sent through the Run
+event's frames could not reach the page more than three or four times a second with six
+lanes on a two-core machine. While a run streams, the page's own script (``FLOW_JS`` in
+:mod:`playground.ui.run_session`) asks this feed instead: a long poll to an unqueued private
+handler that answers as soon as the runner has published something newer, with each changed
+lane's new token HTML (an append when the lane only grew) and its stats line. The script
+patches them into the lane's output and asks again once the browser has drawn them, so the
+page reads as fast as it can draw and never queues frames it cannot draw.
+
+The Run event's frames still carry the status line, legends, the comparison strip and the
+final result; they carry lane text only while nobody polls the feed (a page without the
+script, or one whose script stopped), so the two paths never write the same lane at once.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any, Callable
+
+POLL_WAIT_S = 1.0  # a poll answers after this long at most, with nothing new if need be
+# A page that polled within this many seconds is following the feed: the Run frames leave its
+# lanes' text alone.
+FOLLOWING_S = 2.0
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+def lane_signature(trace: dict[str, Any]) -> tuple[Any, ...]:
+    """What decides whether a streaming lane's output or stats may have changed."""
+    stats = trace.get("stats") or {}
+    return (len(trace.get("output_ids") or ()), len(trace.get("steps") or ()), bool(trace.get("done")),
+            bool(trace.get("preparing")), stats.get("error"), stats.get("finish_reason"))
+
+
+Render = Callable[[int, dict[str, Any]], tuple[str, str]]  # (lane index, trace) -> (output, stats)
+
+
+class LiveFeed:
+    """What one run's page has been sent of its lanes, and the long poll that sends the rest.
+
+    ``render`` turns a lane's trace into its output HTML (without the closing tag, so a grown
+    lane extends the previous string) and its stats HTML. One page reads one feed; polls are
+    served one at a time.
+    """
+
+    def __init__(self, render: Render) -> None:
+        self._render = render
+        self._cond = threading.Condition()
+        self._serve = threading.Lock()
+        self.runner: Any = None
+        self.closed = False
+        self.seq = 0  # answers given; the page sends back the last one it applied
+        self._version = -1  # the runner's publish the last answer showed
+        self._sent: dict[int, tuple[str, str]] = {}  # lane -> (output, stats) the page shows
+        self._sig: dict[int, tuple[Any, ...]] = {}  # lane -> lane_signature of what was sent
+        self.polled_at = 0.0
+
+    def attach(self, runner: Any) -> None:
+        """The run's runner exists: polls can be answered."""
+        with self._cond:
+            self.runner = runner
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The run has ended and its last frame is on its way: polls answer ``done``."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def following(self, now: float | None = None) -> bool:
+        """Whether the page polled recently (its lanes' text then comes from here)."""
+        return (now if now is not None else time.monotonic()) - self.polled_at < FOLLOWING_S
+
+    def poll(self, seq: int, timeout: float = POLL_WAIT_S) -> dict[str, Any]:
+        """Answer a page that has applied answer ``seq``: the lanes that changed since, after
+        waiting up to ``timeout`` s for the runner to publish something newer.
+
+        Returns ``{"seq", "lanes": [{"lane", "op", "html", "stats"}], "done"}`` where ``op`` is
+        ``"append"`` (add ``html`` at the end of the lane's tokens) or ``"replace"`` (the whole
+        output). A page whose ``seq`` is not the last answer (a lost response, a reload) gets
+        every lane whole.
+        """
+        with self._serve:
+            self.polled_at = time.monotonic()
+            deadline = time.monotonic() + timeout
+            with self._cond:
+                while self.runner is None and not self.closed:
+                    rest = deadline - time.monotonic()
+                    if rest <= 0:
+                        return {"seq": self.seq, "lanes": [], "done": False}
+                    self._cond.wait(rest)
+                runner, closed = self.runner, self.closed
+            if runner is None:
+                return {"seq": self.seq, "lanes": [], "done": True}
+            if seq != self.seq:
+                self._sent.clear()
+                self._sig.clear()
+            # Wait for a publish that changes what the page shows (a lane still preparing
+            # shows what the Run event's first frame already wrote), or for the deadline.
+            while True:
+                version, traces = runner.latest()
+                changed = [(j, t) for j, t in enumerate(traces)
+                           if self._sig.get(j) != lane_signature(t) and not (t.get("preparing") and j not in self._sig)]
+                rest = deadline - time.monotonic()
+                if changed or closed or runner.finished or rest <= 0:
+                    break
+                runner.wait(version, rest)
+            self._version = version
+            lanes = []
+            for j, trace in changed:
+                self._sig[j] = lane_signature(trace)
+                html, stats = self._render(j, trace)
+                before = self._sent.get(j)
+                if before == (html, stats):
+                    continue
+                if before is not None and html.startswith(before[0]):
+                    lanes.append({"lane": j, "op": "append", "html": html[len(before[0]):], "stats": stats})
+                else:
+                    lanes.append({"lane": j, "op": "replace", "html": html, "stats": stats})
+                self._sent[j] = (html, stats)
+            self.seq += 1
+            self.polled_at = time.monotonic()
+            done = closed or (runner.finished and version == runner.latest()[0])
+            return {"seq": self.seq, "lanes": lanes, "done": done}
+
+
+_FEEDS: dict[str, LiveFeed] = {}
+_FEEDS_LOCK = threading.Condition()
+
+
+def valid_token(token: Any) -> bool:
+    """Whether ``token`` can name a run (the page makes it: 16 to 64 URL-safe characters)."""
+    return isinstance(token, str) and TOKEN_RE.fullmatch(token) is not None
+
+
+def open_feed(token: str, render: Render) -> LiveFeed | None:
+    """A new feed under ``token``, or None when the token is malformed or already in use."""
+    with _FEEDS_LOCK:
+        if not valid_token(token) or token in _FEEDS:
+            return None
+        feed = _FEEDS[token] = LiveFeed(render)
+        _FEEDS_LOCK.notify_all()
+        return feed
+
+
+def close_feed(token: str) -> None:
+    """End the feed under ``token`` (its page's next poll hears ``done``) and forget it."""
+    with _FEEDS_LOCK:
+        feed = _FEEDS.pop(token, None)
+    if feed is not None:
+        feed.close()
+
+
+def poll_feed(value: Any) -> dict[str, Any]:
+    """The page's poll, ``"<run token>:<seq>"`` (sent by FLOW_JS): the feed's answer, after
+    waiting up to :data:`POLL_WAIT_S` for the run to register it (the poll can overtake the
+    Run event). ``{"unknown": true}`` when there is no such run (it ended, or never started)."""
+    token, _, seq = str(value or "").rpartition(":")
+    if not valid_token(token):
+        return {"unknown": True}
+    deadline = time.monotonic() + POLL_WAIT_S
+    with _FEEDS_LOCK:
+        while token not in _FEEDS:
+            rest = deadline - time.monotonic()
+            if rest <= 0:
+                return {"unknown": True}
+            _FEEDS_LOCK.wait(rest)
+        feed = _FEEDS[token]
+    return feed.poll(int(seq) if seq.isdigit() else -1)
