@@ -659,3 +659,49 @@ def test_share_while_running_is_refused_in_one_line(page, tiny, db, monkeypatch)
     assert page.on_share("some-session", Session("share")) == ""
     assert len(warned) == 1 and "still running" in warned[0] and "\n" not in warned[0]
 
+
+
+def test_a_page_that_reads_the_live_feed_gets_every_token_once_and_frames_without_lane_text(page, tiny, db):
+    """The page's script names the run ("flow:<token>") and long-polls its feed: the text it
+    rebuilds from the answers (appends onto the first whole output) is the lane's final text,
+    and while it follows the feed the Run frames leave the lanes' outputs alone."""
+    import threading
+
+    from playground.ui.live_feed import poll_feed
+
+    token = "f" * 32
+    shown: dict[int, str] = {}
+    answers: list[dict] = []
+    stop = threading.Event()
+
+    def poller() -> None:
+        seq = 0
+        while not stop.is_set():
+            ans = poll_feed(f"{token}:{seq}")
+            if ans.get("unknown"):
+                continue  # the run has not registered yet (or has ended)
+            answers.append(ans)
+            for x in ans["lanes"]:
+                shown[x["lane"]] = (shown.get(x["lane"], "") if x["op"] == "append" else "") + x["html"]
+            seq = ans["seq"]
+            if ans["done"]:
+                return
+
+    reader = threading.Thread(target=poller, daemon=True)
+    reader.start()
+    try:
+        frames = list(page.on_run(Session("feed"), *run_args(page, [("greedy", {}), ("sample", {"temperature": 0.8})],
+                                                             max_new=40), f"flow:{token}"))
+    finally:
+        reader.join(10)
+        stop.set()
+    assert "Done" in html_of(frames[-1], page.status)
+    final = frames[-1][page.traces]
+    assert all(len(t["output_ids"]) == 40 for t in final)
+    ops = [x["op"] for a in answers for x in a["lanes"]]
+    assert "append" in ops  # the lanes grew by appends, not resent whole
+    for j, tr in enumerate(final):
+        assert shown[j] == page.live_lane(j, tr, "auto")[0]  # every token, once, in order
+    # frames between the start and the final text carry no lane output once the page follows
+    middle = frames[1:-2]
+    assert middle and not [f for f in middle[2:] if any(ui.output in f for ui in page.lanes)]
