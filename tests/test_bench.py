@@ -84,12 +84,14 @@ def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
     streams = {2: [{"lanes": {1: lane, 2: lane}}], 6: [{"lanes": {k: (slow if k == 4 else lane) for k in range(1, 7)}}]}
     text = ui._section(argparse.Namespace(quick=True), {"title": "Speculative showdown: x", "lanes": [{}] * 5,
                                                         "max_new_tokens": 64},
-                       pairs, streams, [{"s": 0.3}], [{"s": 0.8, "plots": 11, "drawn": 11, "complete": True}],
+                       pairs, streams, [{"s": 0.3, "took": True}, {"s": 30.0, "took": False}], [{"s": 0.8, "plots": 11, "drawn": 11, "complete": True}],
                        [1.5, 2.5], 128, 2, 60.0, "Machine: test.")
     assert "**2.25 (1.50–3.00)**" in text  # the median of the paired ratios, with their range
     assert "| ≤ 2.0 | missed |" in text
     assert "Slowest lane with 6 lanes: 5.0 updates/s" in text and "(missed)" in text
     assert "load average during the suite: 1.5–2.5" in text
+    # a Stop that the page swallowed (the run went on to "Done") is counted, not timed as a Stop
+    assert "| 0.30 | ≤ 0.5 | met |" in text and "| 1 of 2 | every one | missed |" in text
 
 
 def test_screenshots_command_has_help(capsys):
