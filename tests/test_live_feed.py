@@ -1,6 +1,6 @@
 """The live feed that the Compare page's script long-polls for lane text while a run streams:
-appends when a lane only grew, everything whole after a lost answer, nothing sent twice, lanes
-still preparing left alone, ``done`` at the end, and unknown or malformed run tokens refused."""
+appends when a lane only grew, everything whole after a lost answer, nothing sent twice, a first
+answer that waits for tokens, placeholders not resent, ``done`` at the end, and unknown or malformed run tokens refused."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def render(j: int, trace: dict[str, Any]) -> tuple[str, str]:
     """An open output that grows as tokens come (like the page's), and a stats line."""
     err = (trace.get("stats") or {}).get("error")
     body = ("<b>" + err + "</b>" if err else "") + "".join(f"<span>{t}</span>" for t in trace["output_ids"])
-    return f'<div id="l{j}">' + body, f"{len(trace['output_ids'])} tokens"
+    return f'<div id="l{j}">' + body, f"{len(trace['output_ids'])} tokens, {len(trace['steps'])} steps"
 
 
 def test_first_answer_is_whole_then_a_grown_lane_is_an_append_of_its_new_tokens():
@@ -64,7 +64,7 @@ def test_first_answer_is_whole_then_a_grown_lane_is_an_append_of_its_new_tokens(
     pub.publish([lane([1, 2, 3]), lane([7])])
     second = feed.poll(1, timeout=0.5)
     # only the lane that changed, and only what it added
-    assert second["lanes"] == [{"lane": 0, "op": "append", "html": "<span>3</span>", "stats": "3 tokens"}]
+    assert second["lanes"] == [{"lane": 0, "op": "append", "html": "<span>3</span>", "stats": "3 tokens, 3 steps"}]
     # the page's text, rebuilt from the answers, is what a whole render gives
     assert first["lanes"][0]["html"] + second["lanes"][0]["html"] == render(0, lane([1, 2, 3]))[0]
 
@@ -119,15 +119,45 @@ def test_a_publish_that_changes_nothing_shown_does_not_end_the_wait():
     assert ans["lanes"] == [] and pub.latest_calls >= 3  # it looked again after the publish
 
 
-def test_a_lane_still_preparing_is_left_to_the_run_frames_until_it_starts():
+def test_the_first_answer_writes_every_lane_and_a_placeholder_is_not_resent_until_it_has_tokens():
     pub = Publisher([lane([1]), lane([], preparing=True)])
     feed = LiveFeed(render)
     feed.attach(pub)
     first = feed.poll(0, timeout=0.5)
-    assert [x["lane"] for x in first["lanes"]] == [0]
+    assert [(x["lane"], x["op"]) for x in first["lanes"]] == [(0, "replace"), (1, "replace")]
+    pub.publish([lane([1]), lane([])])  # lane 2 prepared, no token yet: still nothing to show
+    assert feed.poll(1, timeout=0.3)["lanes"] == []
     pub.publish([lane([1]), lane([9])])
-    ans = feed.poll(1, timeout=0.5)
-    assert [(x["lane"], x["op"]) for x in ans["lanes"]] == [(1, "replace")]
+    ans = feed.poll(2, timeout=0.5)
+    assert [x["lane"] for x in ans["lanes"]] == [1]
+    assert first["lanes"][1]["html"] + ans["lanes"][0]["html"] == render(1, lane([9]))[0]
+
+
+def test_a_lane_with_steps_but_no_final_token_yet_is_shown_as_it_goes():
+    """A beam's (or a diffusion canvas's) steps show before any token is final."""
+    pub = Publisher([lane([1]), {"output_ids": [], "steps": [], "stats": {}}])
+    feed = LiveFeed(render)
+    feed.attach(pub)
+    feed.poll(0, timeout=0.5)
+    pub.publish([lane([1]), {"output_ids": [], "steps": [{}, {}], "stats": {}}])
+    assert [x["lane"] for x in feed.poll(1, timeout=0.5)["lanes"]] == [1]
+
+
+def test_the_first_answer_waits_for_tokens_then_sends_placeholders_if_models_are_still_loading(monkeypatch):
+    monkeypatch.setattr(live_feed, "FIRST_WAIT_S", 0.4)
+    pub = Publisher([lane([], preparing=True), lane([])])
+    feed = LiveFeed(render)
+    feed.attach(pub)
+    threading.Timer(0.1, lambda: pub.publish([lane([5]), lane([])])).start()
+    t0 = time.monotonic()
+    ans = feed.poll(0, timeout=5.0)  # answered by the first token, with every lane
+    assert time.monotonic() - t0 < 0.35
+    assert [(x["lane"], x["html"]) for x in ans["lanes"]] == [(0, render(0, lane([5]))[0]), (1, render(1, lane([]))[0])]
+    slow = LiveFeed(render)
+    slow.attach(Publisher([lane([], preparing=True), lane([], preparing=True)]))
+    t0 = time.monotonic()
+    ans = slow.poll(0, timeout=5.0)  # no token within FIRST_WAIT_S: the placeholders
+    assert 0.35 <= time.monotonic() - t0 < 3.0 and [x["lane"] for x in ans["lanes"]] == [0, 1]
 
 
 def test_the_feed_says_done_when_the_run_ends_or_is_closed():

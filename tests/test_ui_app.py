@@ -497,6 +497,7 @@ def test_a_page_that_stops_acknowledging_slows_the_stream_but_never_stalls_it(pa
     # a page without the acknowledging script (no flow flag) streams frames without names
     plain = list(page.on_run(Session("plain"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))
     assert not [f for f in plain if _frame_of(f, page)]
+    assert "data-run-end" not in raw_of(plain[-1], page.status)  # no feed, nothing to fence off
 
 
 def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch):
@@ -702,6 +703,13 @@ def test_a_page_that_reads_the_live_feed_gets_every_token_once_and_frames_withou
     assert "append" in ops  # the lanes grew by appends, not resent whole
     for j, tr in enumerate(final):
         assert shown[j] == page.live_lane(j, tr, "auto")[0]  # every token, once, in order
-    # frames between the start and the final text carry no lane output once the page follows
-    middle = frames[1:-2]
-    assert middle and not [f for f in middle[2:] if any(ui.output in f for ui in page.lanes)]
+    # the start frame leaves the lanes to the feed's first answer, and the frames after it carry
+    # no lane output once the page follows (the poller may enter its first poll a frame late)
+    assert not any(ui.output in frames[0] or ui.stats in frames[0] for ui in page.lanes)
+    assert not [f for f in frames[2:-1] if any(ui.output in f for ui in page.lanes)]
+    assert any(ui.output in frames[-1] for ui in page.lanes)  # the final frame has everything
+    # ...and names the run ended, so a feed answer still on its way is not applied over it
+    assert f'data-run-end="{token}"' in raw_of(frames[-1], page.status)
+    from playground.ui.run_session import FLOW_JS
+
+    assert "data-run-end" in FLOW_JS

@@ -14,10 +14,12 @@ def esc(text: Any) -> str:
     return _html.escape(str(text))
 
 
-def status_html(text: str, kind: str = "info", frame: str | None = None) -> str:
+def status_html(text: str, kind: str = "info", frame: str | None = None, ended: str | None = None) -> str:
     """The one-line status under the Run button (escaped); ``frame`` names the streamed frame it
-    belongs to (the page acknowledges it once drawn)."""
+    belongs to (the page acknowledges it once drawn); ``ended`` is the token of the run whose
+    last frame this is (the page's script then ignores the run's late live-feed answers)."""
     tag = f' data-frame="{esc(frame)}"' if frame else ""
+    tag += f' data-run-end="{esc(ended)}"' if ended else ""
     return f'<div class="pg-status pg-status-{kind}"{tag}>{esc(text)}</div>'
 
 

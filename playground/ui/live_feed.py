@@ -23,10 +23,20 @@ import time
 from typing import Any, Callable
 
 POLL_WAIT_S = 1.0  # a poll answers after this long at most, with nothing new if need be
+# The first answer of a run waits this long at most for a lane with something to show, so the
+# page's first patch carries tokens (a patch costs the browser a frame) rather than placeholders.
+FIRST_WAIT_S = 0.6
 # A page that polled within this many seconds is following the feed: the Run frames leave its
 # lanes' text alone.
 FOLLOWING_S = 2.0
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+def showable(trace: dict[str, Any]) -> bool:
+    """Whether a lane shows more than a placeholder: tokens, a step (a beam's or a diffusion
+    canvas's, before any token is final), an error, or its end."""
+    return bool(trace.get("output_ids") or trace.get("steps") or trace.get("done")
+                or (trace.get("stats") or {}).get("error"))
+
 
 def lane_signature(trace: dict[str, Any]) -> tuple[Any, ...]:
     """What decides whether a streaming lane's output or stats may have changed."""
@@ -57,11 +67,13 @@ class LiveFeed:
         self._sent: dict[int, tuple[str, str]] = {}  # lane -> (output, stats) the page shows
         self._sig: dict[int, tuple[Any, ...]] = {}  # lane -> lane_signature of what was sent
         self.polled_at = 0.0
+        self.attached_at = 0.0
 
     def attach(self, runner: Any) -> None:
         """The run's runner exists: polls can be answered."""
         with self._cond:
             self.runner = runner
+            self.attached_at = time.monotonic()
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -98,15 +110,23 @@ class LiveFeed:
             if seq != self.seq:
                 self._sent.clear()
                 self._sig.clear()
-            # Wait for a publish that changes what the page shows (a lane still preparing
-            # shows what the Run event's first frame already wrote), or for the deadline.
+            # Wait for a publish that changes what the page shows, or for the deadline. The
+            # first answer writes every lane (the Run event's first frame leaves them alone), as
+            # soon as one has tokens, or with placeholders after FIRST_WAIT_S (models loading);
+            # after it, a lane is sent again only once it has something to show.
             while True:
                 version, traces = runner.latest()
+                first = not self._sig
+                ready = not first or any(showable(t) for t in traces) or \
+                    time.monotonic() - self.attached_at >= FIRST_WAIT_S
                 changed = [(j, t) for j, t in enumerate(traces)
-                           if self._sig.get(j) != lane_signature(t) and not (t.get("preparing") and j not in self._sig)]
+                           if self._sig.get(j) != lane_signature(t) and (showable(t) or j not in self._sig)] \
+                    if ready else []
                 rest = deadline - time.monotonic()
                 if changed or closed or runner.finished or rest <= 0:
                     break
+                if not ready:  # wake when the placeholders are due, if no token comes first
+                    rest = min(rest, max(0.001, self.attached_at + FIRST_WAIT_S - time.monotonic()))
                 runner.wait(version, rest)
             self._version = version
             lanes = []

@@ -193,7 +193,8 @@ FLOW_JS = """(...args) => {
     if (window.__pgLive !== live) return;  // a newer run reads its own feed
     const asked = performance.now();
     post('live', tok + ':' + live.seq).then((r) => r.json()).then((ans) => {
-      if (window.__pgLive !== live) return;
+      // an answer that arrives after the run's last frame (sent before Stop) is stale
+      if (window.__pgLive !== live || document.querySelector('#status [data-run-end="' + tok + '"]')) return;
       if (ans.unknown) {
         // not started yet (queued, or the poll overtook the Run), or over: a run once seen
         // has ended; one never seen is waited for a while (each poll waits a second)
@@ -297,6 +298,7 @@ class RunSession(PageLayout):
         # first frame arrives); a page without it, or a token in use, gets one made here.
         feed = open_feed(flag[len("flow:"):], self._live_render(metric)) if flag.startswith("flow:") else None
         token = flag[len("flow:"):] if feed is not None else secrets.token_urlsafe(16)
+        end_mark = token if feed is not None else None  # the last frame's status names the run ended
         # Every frame until the last repeats the buttons' state. Gradio streams each output as a
         # diff against its previous frame, and a frame that leaves the buttons out reads as
         # "delete interactive"; when the browser took the first two frames together, Stop stayed
@@ -310,8 +312,11 @@ class RunSession(PageLayout):
         # changing them here set off their change listeners (three more events, each costing the
         # browser a walk over every component) just when the first tokens should be drawn.
         for ui, cfg in zip(self.lanes, lanes):
-            start[ui.output] = empty_output(ui.k, "Starting…")
-            start[ui.stats] = stats_html("")
+            if feed is None:
+                # (a page reading the live feed gets every lane whole in its first answer, with
+                # tokens most often; two writes of six lanes at once delayed the first tokens)
+                start[ui.output] = empty_output(ui.k, "Starting…")
+                start[ui.stats] = stats_html("")
             start[ui.insp_header] = pending_header(ui.k, cfg.decoder)
         if flow is not None:
             _FLOWS[token] = flow
@@ -390,15 +395,15 @@ class RunSession(PageLayout):
             return
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
-            yield {self.status: status_html(str(e), "error"), **self.idle_buttons(), self.notice: "",
-                   **self.not_run(n, str(e))}
+            yield {self.status: status_html(str(e), "error", ended=end_mark), **self.idle_buttons(),
+                   self.notice: "", **self.not_run(n, str(e))}
             return
         except Exception as e:  # noqa: BLE001 - a bug shows as one line; the log has the traceback
             log.exception("comparison failed")
             msg = one_line(f"the comparison failed: {type(e).__name__}: {e}")
             gr.Warning(msg)
-            yield {self.status: status_html(msg, "error"), **self.idle_buttons(), self.notice: "",
-                   **self.not_run(n, msg)}
+            yield {self.status: status_html(msg, "error", ended=end_mark), **self.idle_buttons(),
+                   self.notice: "", **self.not_run(n, msg)}
             return
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
@@ -406,9 +411,11 @@ class RunSession(PageLayout):
             _FLOWS.pop(token, None)
             close_feed(token)
         stopped = runner is not None and runner.cancelled
-        if traces:
+        if traces and not (feed is not None and feed.following()):
             # The lanes' final text and stats at once (Stop visibly took effect); saving and
-            # drawing every plot take longer and follow in the last frame.
+            # drawing every plot take longer and follow in the last frame. A page reading the
+            # live feed has the text already, and the last frame follows within tens of ms:
+            # one Gradio message less there is a tenth of a second less before Run is back.
             yield {**self.live_updates(traces, metric, shown), **busy,
                    self.status: status_html(f"{'Stopped' if stopped else 'Finishing'} — saving and drawing "
                                             f"every plot…")}
@@ -430,9 +437,12 @@ class RunSession(PageLayout):
         # A lane that failed makes the whole line red and says which, never a green "Done".
         failed = [str(j + 1) for j, t in enumerate(traces) if (t.get("stats") or {}).get("error")]
         fail = f" Lane{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed (see the lane)." if failed else ""
+        # The status names the run as ended: a live-feed answer still on its way (sent before
+        # Stop) must not overwrite the final text and stats this frame writes.
         up = self.result_updates(traces, metric, step=None, plots=False, sid=sid,
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
-                                                    "error" if failed else "ok" if not stopped else "info"))
+                                                    "error" if failed else "ok" if not stopped else "info",
+                                                    ended=end_mark))
         up[self.sid] = sid  # None when nothing was saved: the previous run's session is not this one
         top = max((visualizers.step_count(t) for t in traces), default=0)
         last = max(top - 1, 0)
