@@ -767,3 +767,26 @@ def test_probability_colours_spread_on_a_small_model():
     assert a == sorted(a) and all(y - x > 0.08 for x, y in zip(a, a[1:]))
     assert a[0] < 0.1 and alpha(1e-5) == pytest.approx(0.7)
     assert "log scale" in V.legend_html("probability")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,decoder,params", [("ar", "top_p", {"p": 0.8}), ("ar", "beam", {"num_beams": 3}),
+                                                   ("spec", "spec_tree", {"depth": 3, "topk": 2, "width": 2,
+                                                                          "budget": 8}),
+                                                   ("mlm", "llada", {"steps": 4})])
+def test_a_live_snapshot_names_every_token_it_mentions(llama_handle, draft_handle, mlm_handle, family, decoder, params):
+    """Streaming snapshots collect token texts from the steps added since the last snapshot
+    only; at every step they must hold exactly what a walk of the whole trace gives."""
+    from playground.engine import prepare, token_texts
+
+    handle = mlm_handle if family == "mlm" else llama_handle
+    run = prepare(model=handle, decoder=decoder, prompt="ROMEO: But soft", max_new_tokens=8, seed=0,
+                  draft=draft_handle if family == "spec" else None, params=params)
+    checked = 0
+    while True:
+        snap = run.snapshot()
+        assert snap["tokens"] == token_texts(handle, snap)
+        checked += 1
+        if run.step() is None:
+            break
+    assert checked >= 3 and run.snapshot()["tokens"] == token_texts(handle, run.snapshot())
