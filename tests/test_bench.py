@@ -86,7 +86,7 @@ def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
                                                         "max_new_tokens": 64},
                        pairs, streams, [{"s": 0.3, "took": True}, {"s": 30.0, "took": False}], [{"s": 0.8, "plots": 11, "drawn": 11, "complete": True}],
                        [1.5, 2.5], 128, 2, 60.0, "Machine: test.", cold={"done_s": 6.0},
-                       back={"first_s": 2.5, "lanes": {1: {"rate": 3.0}, 2: {"rate": 4.0}}})
+                       back={"first_s": 2.5, "lanes": {1: {"rate": 3.0}, 2: {"rate": 4.0}}}, plain_loads=[2.0, 3.0])
     assert "**2.25 (1.50–3.00)**" in text  # the median of the paired ratios, with their range
     assert "| ≤ 2.0 | missed |" in text
     assert "Slowest lane with 6 lanes: 5.0 updates/s" in text and "(missed)" in text
@@ -94,6 +94,7 @@ def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
     # a Stop that the page swallowed (the run went on to "Done") is counted, not timed as a Stop
     assert "| 6.00 (6.0×) |" in text  # the first run after start-up against the CLI's median (1.0 s)
     assert "slowest lane 3.0 updates/s, first token after 2.50 s" in text  # pressed right after Done
+    assert "navigation start → ready (s) | 2.50 (2.00–3.00) |" in text  # the page without a session
     assert "| 0.30 | ≤ 0.5 | met |" in text and "| 1 of 2 | every one | missed |" in text
 
 

@@ -165,6 +165,16 @@ def settle(page: Any) -> float:
     return float(page.evaluate(SETTLE_JS))
 
 
+# A page opened without a session: seconds from navigation start to its ready status.
+PLAIN_LOAD_JS = """
+() => new Promise((resolve) => {
+  const tick = () => { const s = document.querySelector('#status');
+    if (s && /Press Run/.test(s.textContent)) resolve(performance.now() / 1000); else setTimeout(tick, 10); };
+  tick();
+})
+"""
+
+
 def say(msg: str) -> None:
     """A progress line on stderr (the suite takes minutes; the section goes to stdout)."""
     import sys
@@ -264,6 +274,7 @@ def run_suite(args: argparse.Namespace) -> str:
     stops: list[dict[str, Any]] = []
     replays: list[dict[str, Any]] = []
     back: dict[str, Any] | None = None
+    plain_loads: list[float] = []
     say("starting the app and Chromium")
     with app_and_browser(threads=1) as (app, browser):
         say(f"app on {app.url} (log {app.log.name}); opening the page")
@@ -301,6 +312,14 @@ def run_suite(args: argparse.Namespace) -> str:
             finally:
                 ctx.close()
         replays = replays[1:]
+        for _ in range(reps):  # for comparison: the page without a session, to its ready status
+            ctx = browser.new_context(viewport={"width": 1440, "height": 1100})
+            try:
+                q = ctx.new_page()
+                q.goto(app.url)
+                plain_loads.append(q.evaluate(PLAIN_LOAD_JS))
+            finally:
+                ctx.close()
 
         for lanes in (2, 6):
             page = _fresh(page, browser, app.url)
@@ -339,7 +358,7 @@ def run_suite(args: argparse.Namespace) -> str:
         page.context.close()
     loads.append(load_average())
     return _section(args, showdown, pairs, streams, stops, replays, loads, n_stream, reps,
-                    time.perf_counter() - started, machine_line(), cold=cold, back=back)
+                    time.perf_counter() - started, machine_line(), cold=cold, back=back, plain_loads=plain_loads)
 
 
 def _fresh(page: Any, browser: Any, url: str) -> Any:
@@ -353,7 +372,8 @@ def _fresh(page: Any, browser: Any, url: str) -> Any:
 def _section(args: argparse.Namespace, showdown: dict[str, Any], pairs: list[tuple[dict[str, Any], dict[str, float]]],
              streams: dict[int, list[dict[str, Any]]], stops: list[dict[str, Any]], replays: list[dict[str, Any]],
              loads: list[float], n_stream: int, reps: int, elapsed: float, machine: str,
-             cold: dict[str, Any] | None = None, back: dict[str, Any] | None = None) -> str:
+             cold: dict[str, Any] | None = None, back: dict[str, Any] | None = None,
+             plain_loads: list[float] | None = None) -> str:
     page_s = [p["done_s"] for p, _c in pairs]
     cli_s = [c["total_s"] for _p, c in pairs]
     ratios = [p["done_s"] / c["total_s"] for p, c in pairs]
@@ -393,6 +413,8 @@ def _section(args: argparse.Namespace, showdown: dict[str, Any], pairs: list[tup
         f"| … of which: navigation start → status says \"Replaying\" (page loaded, session opened) | "
         f"{_cell(shown_s)} | | |",
         f"| … and \"Replaying\" → every plot drawn (s) | {_cell(drawn_after)} | | |",
+        *([f"| for comparison: the page opened without a session, navigation start → ready (s) | "
+           f"{_cell(plain_loads)} | | |"] if plain_loads else []),
         "",
     ]
     if replays and not all(r["complete"] for r in replays):
