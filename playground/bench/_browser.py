@@ -33,8 +33,8 @@ VIEW = {"width": 1440, "height": 1100}
 # The page is idle when the status says the run ended (or failed) and Run can be pressed again.
 IDLE_JS = ("() => { const s = document.querySelector('#status'); const b = document.querySelector('#run');"
            " if (!s || !b) return false;"
-           " if (s.querySelector('.pg-status-error')) return 'error';"
-           " return !b.disabled && /^(Done|Stopped)/.test(s.innerText.trim()); }")
+           " if (s.querySelector('.pg-status-error')) return !b.disabled && 'error';"
+           " return !b.disabled && /^(Done|Stopped)/.test((s.querySelector('.pg-status') || s).innerText.trim()); }")
 
 
 def free_port() -> int:
@@ -202,6 +202,10 @@ def keep_lanes(page: Any, n: int) -> None:
 def status_text(page: Any) -> str:
     """The status line under the Run button."""
     try:
+        # the app's own line, not Gradio's progress timer that can sit beside it in #status
+        line = page.locator("#status .pg-status")
+        if line.count():
+            return line.first.inner_text(timeout=5_000).strip()
         return page.locator("#status").inner_text(timeout=5_000).strip()
     except Exception:  # noqa: BLE001 - a page in the middle of a re-render
         return "<unreadable>"
