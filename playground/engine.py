@@ -87,7 +87,7 @@ class Run:
         _ids_in({k: v for k, v in d.items() if k not in ("steps", "tokens")}, ids, keys)
         for st in steps[seen:]:
             _ids_in(st, ids, keys)
-        for i in sorted(ids):
+        for i in ids:
             if 0 <= i < 10**8 and str(i) not in texts:
                 texts[str(i)] = view_token(self.ctx.target, i)
         self._text_steps, self._texts = len(steps), texts

@@ -255,7 +255,7 @@ def run_suite(args: argparse.Namespace) -> str:
     import torch
 
     from playground.bench import machine_line
-    from playground.bench._browser import (app_and_browser, keep_lanes, load_preset, new_page, set_number,
+    from playground.bench._browser import (VIEW, app_and_browser, keep_lanes, load_preset, new_page, set_number,
                                            status_text, wait_idle)
     from playground.models import BUNDLED_DIR
     from playground.presets import load_preset as read_preset
@@ -304,7 +304,7 @@ def run_suite(args: argparse.Namespace) -> str:
         for _ in range(reps + 1):  # the first replay warms the server's session path
             loads.append(load_average())
             say("replaying the shared session")
-            ctx = browser.new_context(viewport={"width": 1440, "height": 1100})
+            ctx = browser.new_context(viewport=VIEW)
             try:
                 q = ctx.new_page()
                 q.goto(link)
@@ -313,7 +313,7 @@ def run_suite(args: argparse.Namespace) -> str:
                 ctx.close()
         replays = replays[1:]
         for _ in range(reps):  # for comparison: the page without a session, to its ready status
-            ctx = browser.new_context(viewport={"width": 1440, "height": 1100})
+            ctx = browser.new_context(viewport=VIEW)
             try:
                 q = ctx.new_page()
                 q.goto(app.url)

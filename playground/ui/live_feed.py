@@ -63,7 +63,6 @@ class LiveFeed:
         self.runner: Any = None
         self.closed = False
         self.seq = 0  # answers given; the page sends back the last one it applied
-        self._version = -1  # the runner's publish the last answer showed
         self._sent: dict[int, tuple[str, str]] = {}  # lane -> (output, stats) the page shows
         self._sig: dict[int, tuple[Any, ...]] = {}  # lane -> lane_signature of what was sent
         self.polled_at = 0.0
@@ -128,7 +127,6 @@ class LiveFeed:
                 if not ready:  # wake when the placeholders are due, if no token comes first
                     rest = min(rest, max(0.001, self.attached_at + FIRST_WAIT_S - time.monotonic()))
                 runner.wait(version, rest)
-            self._version = version
             lanes = []
             for j, trace in changed:
                 self._sig[j] = lane_signature(trace)
