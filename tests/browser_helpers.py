@@ -111,9 +111,9 @@ def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
         page.wait_for_function(
             "() => { const s = document.querySelector('#status'); const b = document.querySelector('#run');"
             " if (!s || !b) return false;"
+            " if (b.disabled || document.querySelector('#inspector .insp-pending')) return false;"
             " if (s.querySelector('.pg-status-error')) return true;"
-            " return !b.disabled && /^(Done|Stopped)/.test(s.innerText.trim())"
-            " && !document.querySelector('#inspector .insp-pending'); }",
+            " return /^(Done|Stopped)/.test((s.querySelector('.pg-status') || s).innerText.trim()); }",
             timeout=timeout_ms)
     except Exception as e:  # noqa: BLE001 - say what the page showed
         try:
@@ -128,9 +128,10 @@ def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
 
 
 def status_text(page: Any) -> str:
-    """The status line under the Run button."""
+    """The app's status line under the Run button (not Gradio's progress timer beside it,
+    which shows while the Run event is still open)."""
     try:
-        return page.locator("#status").inner_text(timeout=30_000).strip()
+        return page.locator("#status .pg-status").first.inner_text(timeout=30_000).strip()
     except Exception:  # noqa: BLE001
         return "<unreadable>"
 
@@ -138,5 +139,5 @@ def status_text(page: Any) -> str:
 def wait_running(page: Any, timeout_ms: int = 60_000) -> None:
     """Wait until the Run button has been pressed and the lanes are decoding."""
     page.wait_for_function(
-        "() => { const s = document.querySelector('#status'); return s && /^Running/.test(s.innerText.trim()); }",
+        "() => { const s = document.querySelector('#status .pg-status'); return s && /^Running/.test(s.innerText.trim()); }",
         timeout=timeout_ms)

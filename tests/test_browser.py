@@ -71,7 +71,7 @@ RECORD_JS = """
     const out = document.querySelector('#lane-' + k + '-output');
     const stats = document.querySelector('#lane-' + k + '-stats');
     const rec = () => window.__hist[k].push([out.querySelectorAll('.tok').length,
-      /tokens/.test(stats.innerText) && /^Running/.test(document.querySelector('#status').innerText.trim()),
+      /tokens/.test(stats.innerText) && /^Running/.test((document.querySelector('#status .pg-status') || {innerText: ''}).innerText.trim()),
       Math.round(out.getBoundingClientRect().height)]);
     new MutationObserver(rec).observe(out, {childList: true, subtree: true});
     new MutationObserver(rec).observe(stats, {childList: true, subtree: true, characterData: true});
