@@ -316,7 +316,7 @@ def model_card(stage: str, ev: dict) -> str:
         f"- Seed: {t['seed']}. Retrain: `python -m playground.train_tiny --only {stage} "
         + ("--device cuda` (recipe `gpu`; the whole GPU run: `scripts/gpu_session.sh`)"
            if t.get("recipe") == "gpu" else
-           f"--recipe finetune --threads 1 --max-seconds {t.get('max_seconds', 0):.0f}` after "
+           f"--recipe finetune --threads 2 --max-seconds {t.get('max_seconds', 0):.0f}` after "
            "the starting model's own recipe (`--device cuda`, recipe `gpu`)"
            if t.get("recipe") == "finetune" else "--threads 2`") + " (see docs/models.md).", "",
         "## Validation figures", "",
