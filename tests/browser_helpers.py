@@ -14,7 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from playground.bench._browser import CHROMIUM, CHROMIUM_ARGS, App, free_port  # noqa: F401 - one app launcher
+from playground.bench._browser import (CHROMIUM, CHROMIUM_ARGS, IDLE_JS, App, free_port,  # noqa: F401 - one app launcher
+                                       status_text, wait_running)
 
 ROOT = Path(__file__).resolve().parent.parent
 VIEW = {"width": 1440, "height": 1100}
@@ -108,13 +109,9 @@ def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
     and its plots are drawn (no inspector header still says they follow); an error in the
     status line fails at once, with that line as the message."""
     try:
-        page.wait_for_function(
-            "() => { const s = document.querySelector('#status'); const b = document.querySelector('#run');"
-            " if (!s || !b) return false;"
-            " if (b.disabled || document.querySelector('#inspector .insp-pending')) return false;"
-            " if (s.querySelector('.pg-status-error')) return true;"
-            " return /^(Done|Stopped)/.test((s.querySelector('.pg-status') || s).innerText.trim()); }",
-            timeout=timeout_ms)
+        # the bench's idle test (Run enabled, the app's status line done or red), plus no plot pending
+        page.wait_for_function(f"() => ({IDLE_JS})() && !document.querySelector('#inspector .insp-pending')",
+                               timeout=timeout_ms)
     except Exception as e:  # noqa: BLE001 - say what the page showed
         try:
             extra = page.evaluate("() => ({run_disabled: document.querySelector('#run').disabled,"
@@ -125,19 +122,3 @@ def wait_idle(page: Any, timeout_ms: int = 180_000) -> None:
         raise AssertionError(f"the run did not finish: status {status_text(page)!r}, {extra}") from e
     text = status_text(page)
     assert re.match(r"^(Done|Stopped)", text), f"the run failed: {text!r}"
-
-
-def status_text(page: Any) -> str:
-    """The app's status line under the Run button (not Gradio's progress timer beside it,
-    which shows while the Run event is still open)."""
-    try:
-        return page.locator("#status .pg-status").first.inner_text(timeout=30_000).strip()
-    except Exception:  # noqa: BLE001
-        return "<unreadable>"
-
-
-def wait_running(page: Any, timeout_ms: int = 60_000) -> None:
-    """Wait until the Run button has been pressed and the lanes are decoding."""
-    page.wait_for_function(
-        "() => { const s = document.querySelector('#status .pg-status'); return s && /^Running/.test(s.innerText.trim()); }",
-        timeout=timeout_ms)

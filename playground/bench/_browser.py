@@ -226,7 +226,7 @@ def wait_idle(page: Any, timeout_ms: int = 300_000) -> str:
 
 def wait_running(page: Any, timeout_ms: int = 120_000) -> None:
     """Wait until Run has been pressed and the status says the lanes are decoding."""
-    page.wait_for_function("() => { const s = document.querySelector('#status');"
+    page.wait_for_function("() => { const s = document.querySelector('#status .pg-status');"
                            " return s && /^Running/.test(s.innerText.trim()); }", timeout=timeout_ms)
 
 
