@@ -262,9 +262,13 @@ def model_card(stage: str, ev: dict) -> str:
         lines += ["A bidirectional **masked-diffusion LM** (MDLM / LLaDA objective) for the "
                   f"playground's diffusion decoders. It is a plain `{t['architecture']}` "
                   "(`AutoModelForMaskedLM`, no remote code); its mask token is `<|mask|>`.", ""]
+    trained = f"minutes on {_machine(t)}"
+    if t.get("finetuned_from"):
+        trained = (f"minutes on {_machine(t['finetuned_from'])}, then "
+                   f"{t['train_seconds'] / 60:.0f} minutes more on {_machine(t)}")
     lines += [
         f"**Not a useful language model** — {t['parameters'] / 1e6:.2f}M parameters trained for "
-        f"minutes on {'one GPU' if 'CUDA' in t.get('hardware', '') else 'a CPU'}. It exists so every decoder family runs on real, trained distributions "
+        f"{trained}. It exists so every decoder family runs on real, trained distributions "
         "offline, in tests and demos.", "",
         "## Recipe", "",
         f"- Architecture: `{t['architecture']}` ({arch}, vocab {f_vocab(ev)}, "
@@ -291,9 +295,17 @@ def model_card(stage: str, ev: dict) -> str:
                   f"steps and the best weights are kept (step {t['best_step']}, held-out loss "
                   f"{t['holdout_loss']:.4f}). The validation split below is never used to choose."]
     if stage == "diffusion":
+        grown = t.get("deepened")
+        local = [str(i + 1) for i, kind in enumerate(t["arch"].get("layer_types", []))
+                 if kind == "sliding_attention"]
         lines += [
-            "- Attention: the first layers use sliding-window attention (+-8 tokens), the last "
-            "ones full attention. With full attention only (BertForMaskedLM, tried first) the "
+            "- Attention: "
+            + (f"layers {', '.join(local)} "
+               "use sliding-window attention (+-8 tokens), the others (every layer inserted by "
+               "the growth among them) full attention"
+               if grown else "the first layers use sliding-window attention (+-8 tokens), the "
+               "last ones full attention")
+            + ". With full attention only (BertForMaskedLM, tried first) the "
             "model stayed on the unigram plateau for 900 steps — masked accuracy equal to the "
             "unigram baseline — while the local layers let it use its neighbours from the start.",
             f"- Objective: per sequence t ~ U({t['eps']}, 1), each token masked independently "
@@ -316,9 +328,10 @@ def model_card(stage: str, ev: dict) -> str:
         f"- Seed: {t['seed']}. Retrain: `python -m playground.train_tiny --only {stage} "
         + ("--device cuda` (recipe `gpu`; the whole GPU run: `scripts/gpu_session.sh`)"
            if t.get("recipe") == "gpu" else
-           f"--recipe finetune --threads 2 --max-seconds {t.get('max_seconds', 0):.0f}` after "
-           "the starting model's own recipe (`--device cuda`, recipe `gpu`)"
-           if t.get("recipe") == "finetune" else "--threads 2`") + " (see docs/models.md).", "",
+           f"--recipe {t['recipe']} --threads 2 --max-seconds {t.get('max_seconds', 0):.0f}` "
+           "after the starting model's own recipe (`--device cuda`, recipe `gpu`)"
+           if t.get("recipe") in ("finetune", "grow") else "--threads 2`")
+        + " (see docs/models.md).", "",
         "## Validation figures", "",
         f"Measured in fp32 on {s['windows']} evenly spaced {s['seq_len']}-token windows "
         f"({s['tokens']:,} tokens) of the held-out split (last 5% of every work); recomputed by "
@@ -373,7 +386,8 @@ def _finetune_lines(t: dict) -> list[str]:
         f"- Starting model: {b['steps']} steps x {b['batch_size']} x {b['seq_len']} tokens "
         f"({b['tokens_seen']:,} tokens seen, recipe `{b.get('recipe')}`, lr {b['lr']} cosine to "
         f"{b['min_lr']}, dropout {b.get('dropout', 0.0)}, {b['train_seconds'] / 60:.1f} min on "
-        f"{b['hardware']}); then **fine-tuned** (recipe `finetune`) with the training line above.",
+        f"{b['hardware']}); then **fine-tuned** (recipe `{t['recipe']}`) with the training line "
+        "above.",
         f"- Early stopping: held-out windows ({t['holdout_tokens']:,} tokens) from the tail of "
         "the training split, not trained on, fixed masks; every few steps their masked accuracy "
         f"is measured and the step with the best `{t['selected_by']}` is kept among those still "
@@ -382,7 +396,22 @@ def _finetune_lines(t: dict) -> list[str]:
         f"{acc['masked_acc_90']:.3f} at 15 / 50 / 90 %, unigram {acc['unigram_acc_15']:.3f} / "
         f"{acc['unigram_acc_50']:.3f} / {acc['unigram_acc_90']:.3f}). Step 0, the starting "
         "model, is a candidate too. The validation split below is never used to choose.",
-    ]
+    ] + ([_growth_line(t["deepened"])] if t.get("deepened") else [])
+
+
+def _machine(facts: dict) -> str:
+    """'one GPU' or 'a CPU': where a training run recorded in `facts` ran."""
+    return "one GPU" if "CUDA" in facts.get("hardware", "") else "a CPU"
+
+
+def _growth_line(g: dict) -> str:
+    """Card line for a model deepened before fine-tuning (`train_tiny --recipe grow`)."""
+    return (f"- Growth: before that fine-tuning the starting model's {g['from_layers']} layers "
+            f"became {g['to_layers']}: after each of layers "
+            f"{', '.join(str(i + 1) for i in g['inserted_after'])} a copy of it was inserted "
+            f"({g['layer_type'].replace('_', ' ')}), its attention and MLP output projections "
+            "zeroed, so the deeper model started out computing exactly what the starting model "
+            "computes (`train_tiny.deepen`).")
 
 
 def _ratio(ev) -> str:

@@ -272,6 +272,57 @@ def test_finetune_recipe_is_for_the_diffusion_model_only(tmp_path):
         train_tiny.run(args)
 
 
+def test_deepen_starts_as_exactly_the_same_model_and_its_new_layers_learn(tokenizers):
+    """`deepen` inserts full-attention copies with zeroed output projections: the deeper model's
+    logits equal the original's bit for bit, yet gradients reach the inserted layers."""
+    torch.manual_seed(0)
+    arch = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                local_attention=16, layer_types=["sliding_attention", "full_attention",
+                                                 "sliding_attention"])
+    model = train_tiny.build_model("diffusion", arch, tokenizers["tiny-shakespeare"]).eval()
+    for p in model.parameters():  # trained-looking weights, not the near-zero init
+        p.data.normal_(0, 0.2)
+    grown = train_tiny.deepen(model, after=[0, 2], layer_type="full_attention").eval()
+    assert grown.config.num_hidden_layers == 5
+    assert list(grown.config.layer_types) == ["sliding_attention", "full_attention",
+                                              "full_attention", "sliding_attention",
+                                              "full_attention"]
+    assert grown.config.playground_kind == "diffusion"
+    x = torch.randint(3, 4096, (2, 40))
+    x[:, ::2] = tokenizers["tiny-shakespeare"].mask_token_id
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, grown(input_ids=x).logits)
+    grown.train()
+    grown(input_ids=x).logits.logsumexp(-1).sum().backward()
+    for new in (1, 4):
+        assert grown.model.layers[new].attn.Wo.weight.grad.abs().sum() > 0
+        assert grown.model.layers[new].mlp.Wo.weight.grad.abs().sum() > 0
+    assert same_weights(model.model.layers[2], grown.model.layers[3])
+
+
+def same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_grow_recipe_deepens_then_fine_tunes_and_the_card_says_so(tmp_path):
+    """`--recipe grow` starts from the model in --out, doubles its depth, fine-tunes with the
+    held-out selection, and saves a loadable deeper model whose card tells the growth."""
+    parser = _smoke_diffusion(tmp_path)
+    d = tmp_path / "tiny-shakespeare-diffusion"
+    layers = AutoModelForMaskedLM.from_pretrained(d).config.num_hidden_layers
+    args = parser.parse_args(["--smoke", "--recipe", "grow", "--only", "diffusion",
+                              "--out", str(tmp_path), "--steps", "3", "--threads", "1"])
+    assert train_tiny.run(args) == 0
+    t = json.loads((d / "eval.json").read_text())["training"]
+    assert t["recipe"] == "grow" and t["finetuned_from"]["recipe"] == "cpu"
+    assert t["deepened"]["from_layers"] == layers and t["deepened"]["to_layers"] == 2 * layers
+    assert t["arch"]["num_hidden_layers"] == 2 * layers
+    assert AutoModelForMaskedLM.from_pretrained(d).config.num_hidden_layers == 2 * layers
+    card = (d / "README.md").read_text()
+    assert "Growth:" in card and "--recipe grow" in card and "recipe `grow`" in card
+
+
 def test_selection_refuses_trading_low_masking_accuracy_away():
     good = dict(masked_acc_15=0.40, unigram_acc_15=0.11, masked_acc_50=0.30, unigram_acc_50=0.11,
                 masked_acc_90=0.15, unigram_acc_90=0.11)
