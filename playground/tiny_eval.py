@@ -408,7 +408,7 @@ def _growth_line(g: dict) -> str:
     """Card line for a model deepened before fine-tuning (`train_tiny --recipe grow`)."""
     return (f"- Growth: before that fine-tuning the starting model's {g['from_layers']} layers "
             f"became {g['to_layers']}: after each of layers "
-            f"{', '.join(str(i + 1) for i in g['inserted_after'])} a copy of it was inserted "
+            f"{', '.join(str(i + 1) for i in g['after'])} a copy of it was inserted "
             f"({g['layer_type'].replace('_', ' ')}), its attention and MLP output projections "
             "zeroed, so the deeper model started out computing exactly what the starting model "
             "computes (`train_tiny.deepen`).")

@@ -328,16 +328,15 @@ def deepen(model, after: list[int], layer_type: str = "full_attention"):
     grown = ModernBertForMaskedLM(config)
     src = model.state_dict()
     state = {k: v for k, v in src.items() if not k.startswith("model.layers.")}
-    for j, (i, new) in enumerate(order):
-        for k, v in grown.state_dict().items():
-            prefix = f"model.layers.{j}."
-            if not k.startswith(prefix):
-                continue
-            rest = k[len(prefix):]
-            value = src.get(f"model.layers.{i}.{rest}", v)  # layer 0 has no attn_norm: keep init
-            if new and rest in ("attn.Wo.weight", "mlp.Wo.weight"):
-                value = torch.zeros_like(v)
-            state[k] = value.clone()
+    for k, v in grown.state_dict().items():
+        if not k.startswith("model.layers."):
+            continue
+        j, rest = k[len("model.layers."):].split(".", 1)
+        i, new = order[int(j)]
+        value = src.get(f"model.layers.{i}.{rest}", v)  # layer 0 has no attn_norm: keep init
+        if new and rest in ("attn.Wo.weight", "mlp.Wo.weight"):
+            value = torch.zeros_like(v)
+        state[k] = value.clone()
     grown.load_state_dict(state, strict=True)
     grown.config.playground_kind = getattr(model.config, "playground_kind", "diffusion")
     return grown.train(model.training)
@@ -821,9 +820,8 @@ def run(args: argparse.Namespace) -> int:
                 model = deepen(model, **r["deepen"])
                 r["arch"] = dict(r["arch"], num_hidden_layers=model.config.num_hidden_layers,
                                  layer_types=list(model.config.layer_types))
-                grown = dict(from_layers=layers, to_layers=model.config.num_hidden_layers,
-                             inserted_after=list(r["deepen"]["after"]),
-                             layer_type=r["deepen"]["layer_type"])
+                grown = dict(r["deepen"], from_layers=layers,
+                             to_layers=model.config.num_hidden_layers)
                 print(f"[{stage}] deepened {layers} -> {model.config.num_hidden_layers} layers",
                       flush=True)
         else:
