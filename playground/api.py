@@ -13,11 +13,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from playground import inputs
 from playground.errors import PlaygroundError
+from playground.settings import limits
 
 DEFAULT_MODEL = "tiny-shakespeare"
 DEFAULT_MAX_NEW_TOKENS = 64
 LANE_FIELDS = ("decoder", "knobs", "draft", "model")
+MAX_JSON_CHARS = 100_000  # knobs or lanes as JSON text: a few hundred characters in practice
 
 
 def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, seed: int = 0,
@@ -106,13 +109,18 @@ def whole_number(name: str, value: Any) -> int:
 def json_value(name: str, value: Any) -> Any:
     """``value`` itself, or parsed when it is JSON text (clients may send either)."""
     if not isinstance(value, str):
-        return value
+        return inputs.json_shape(name, value)
+    if len(value) > MAX_JSON_CHARS:
+        raise PlaygroundError(f"{name} has {len(value)} characters of JSON; the limit is {MAX_JSON_CHARS}")
     if not value.strip():
         return None
     try:
-        return json.loads(value)
+        parsed = json.loads(value)
     except json.JSONDecodeError as e:
         raise PlaygroundError(f"{name} is not valid JSON: {e.msg} at character {e.pos}") from None
+    except RecursionError:
+        raise PlaygroundError(f"{name} nests deeper than {inputs.MAX_JSON_DEPTH} levels") from None
+    return inputs.json_shape(name, parsed)
 
 
 def knob_dict(name: str, value: Any) -> dict[str, Any]:
@@ -178,6 +186,12 @@ def plan_compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, 
 
     if preset in (None, "") and lanes in (None, "", []):
         raise PlaygroundError("a comparison needs a preset or lanes")
+    if model is not None:
+        inputs.text("model", model, 1000)
+    if prompt is not None:
+        inputs.text("the prompt", prompt, limits().max_prompt_chars)
+    if policy is not None:
+        inputs.text("policy", policy, 40)
     p: dict[str, Any] = {}
     if isinstance(preset, dict):
         p = dict(preset)
@@ -202,7 +216,7 @@ def plan_compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, 
                               p.get("system_prompt") if system_prompt is None else system_prompt)
     return ComparePlan(model=model or p.get("model") or DEFAULT_MODEL, prompt=text, chat=use_chat,
                        system_prompt=system,
-                       seed=whole_number("seed", p.get("seed", 0) if seed in (None, "") else seed),
+                       seed=inputs.seed(p.get("seed", 0) if seed in (None, "") else seed),
                        max_new_tokens=mnt, policy=pol, lanes=tuple(chosen),
                        preset=p.get("name") if p else None, title=p.get("title") if p else None)
 

@@ -81,11 +81,15 @@ def branch_requests(session: dict[str, Any], lane: int, token: int, step: int | 
 
 
 def branch_session(store: Any, sid: str, lane: int, token: int, step: int | None = None,
-                   position: int | None = None, lanes: str = "one", title: str | None = None) -> str:
+                   position: int | None = None, lanes: str = "one", title: str | None = None,
+                   owner: str | None = None, attach: bool = True) -> str:
     """Run a branch of stored session ``sid`` and store it; return the branch's session id.
 
     A one-lane branch is stored beside its parent: its runs are the parent's lane (unchanged)
-    and the branched lane. A branch of every lane holds the branched lanes in lane order."""
+    and the branched lane. A branch of every lane holds the branched lanes in lane order.
+    ``owner`` is the branching browser's owner id; without ``attach`` (a visitor branching a
+    session that is not theirs) the branch keeps where it branched off but is not filed under
+    the parent, so nobody can add to another's branch tree."""
     from playground.engine import prepare
 
     session = store.load_session(sid)
@@ -106,8 +110,10 @@ def branch_session(store: Any, sid: str, lane: int, token: int, step: int | None
         configs = settings.get("lanes")
         if isinstance(configs, list) and len(configs) == len(session["runs"]):
             settings["lanes"] = [configs[lane], configs[lane]]
+    if not attach:
+        return store.save_session(name, session["model"], session["prompt"], settings, traces, owner=owner)
     return store.save_session(name, session["model"], session["prompt"], settings, traces,
-                              parent=sid, branch=record)
+                              parent=sid, branch=record, owner=owner)
 
 
 # ---------------------------------------------------------------------- for the page's inspector

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from decoders.base import Context, Decoder, get_decoder
+from playground import inputs
 from playground.errors import Cancelled, PlaygroundError
 from playground.models import ModelHandle, load_model, token_pieces
 from playground.models.chat import check_chat
@@ -163,9 +164,9 @@ def token_texts(view: Any, trace_dict: dict[str, Any]) -> dict[str, str]:
     return {str(i): view_token(view, i) for i in sorted(ids) if 0 <= i < 10**8}
 
 
-def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_new_tokens: int,
-                 system_prompt: str | None = None) -> None:
-    """Reject an empty or too-long prompt with one clear line (a system prompt counts too)."""
+def check_prompt_text(prompt: str, system_prompt: str | None = None) -> None:
+    """Reject an empty prompt, or one (with its system prompt) over the character limit, in one
+    line: checked on the text, before anything loads a model or tokenises it."""
     lim = limits()
     if not prompt or not prompt.strip():
         raise PlaygroundError("the prompt is empty")
@@ -173,6 +174,12 @@ def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_ne
     if chars > lim.max_prompt_chars:
         what = "the prompt and the system prompt have" if system_prompt else "the prompt has"
         raise PlaygroundError(f"{what} {chars} characters; the limit here is {lim.max_prompt_chars}")
+
+
+def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_new_tokens: int,
+                 system_prompt: str | None = None) -> None:
+    """Reject an empty or too-long prompt with one clear line (a system prompt counts too)."""
+    check_prompt_text(prompt, system_prompt)
     if not prompt_ids:
         raise PlaygroundError("the prompt encodes to no tokens")
     total = len(prompt_ids) + max_new_tokens
@@ -180,6 +187,29 @@ def check_prompt(prompt: str, prompt_ids: list[int], handle: ModelHandle, max_ne
         raise PlaygroundError(
             f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
             f"the context of {handle.name!r} ({handle.context_length} tokens)")
+
+
+def _check_request_types(model: Any, decoder: Any, prompt: Any, seed: Any, draft: Any, params: Any,
+                         stop: Any, system_prompt: Any) -> None:
+    """Refuse a request whose fields have the wrong type or size, in one line naming the field,
+    before any model is loaded or any prompt tokenised (a 10 MB prompt is refused at once)."""
+    lim = limits()
+    if not isinstance(model, ModelHandle):
+        inputs.text("model", model, 1000)
+    inputs.text("decoder", decoder, 200)
+    if draft is not None and not isinstance(draft, ModelHandle):
+        inputs.text("draft", draft, 1000)
+    inputs.text("the prompt", prompt, lim.max_prompt_chars)
+    inputs.text("the system prompt", system_prompt, lim.max_prompt_chars, optional=True)
+    if params is not None:
+        if not isinstance(params, dict):
+            raise PlaygroundError("knobs must be a JSON object of knob values")
+        inputs.json_shape("knobs", params)
+    if stop is not None:
+        if not isinstance(stop, (list, tuple)) or len(stop) > 64:
+            raise PlaygroundError("stop must be a list of at most 64 strings")
+        for s in stop:
+            inputs.text("a stop string", s, 1000)
 
 
 def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens: int = 64,
@@ -201,6 +231,9 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ``playground/force.py``)."""
     from playground import force as forcing
 
+    _check_request_types(model, decoder, prompt, seed, draft, params, stop, system_prompt)
+    check_prompt_text(prompt, system_prompt)
+    seed = inputs.seed(seed)
     cls = get_decoder(decoder)
     forced = forcing.parse_force(force)
     force_mode = forcing.force_mode(cls) if forced else ""

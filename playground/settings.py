@@ -10,6 +10,7 @@ Space deployed without any settings still refuses local paths, hub downloads and
 | ``PLAYGROUND_MAX_NEW_TOKENS`` | most tokens one lane may generate | 1024 | 256 |
 | ``PLAYGROUND_MAX_LANES`` | most lanes in one comparison | 6 | 4 |
 | ``PLAYGROUND_MAX_PROMPT_CHARS`` | longest prompt, in characters | 20000 | 4000 |
+| ``PLAYGROUND_MAX_DETECT_CHARS`` | longest text the watermark detector scores, in characters | 100000 | 10000 |
 | ``PLAYGROUND_MODEL_SOURCES`` | comma list of allowed sources: bundled, cache, path, hub | all four | bundled |
 | ``PLAYGROUND_ALLOW_REMOTE_CODE`` | 1 lets users opt in to ``trust_remote_code`` | 1 | 0 |
 | ``PLAYGROUND_NO_MODELS`` | 1 disables model loading (a replay-only instance) | 0 | 0 |
@@ -100,6 +101,7 @@ class Limits:
     max_new_tokens: int = 1024
     max_lanes: int = 6
     max_prompt_chars: int = 20000
+    max_detect_chars: int = 100_000
     model_sources: tuple[str, ...] = ALL_SOURCES
     allow_remote_code: bool = True
     no_models: bool = False
@@ -120,6 +122,9 @@ def limits() -> Limits:
         max_new_tokens=_int("PLAYGROUND_MAX_NEW_TOKENS", 256 if space else 1024, lo=1),
         max_lanes=_int("PLAYGROUND_MAX_LANES", 4 if space else 6, lo=1),
         max_prompt_chars=_int("PLAYGROUND_MAX_PROMPT_CHARS", 4000 if space else 20000, lo=1),
+        # scoring costs a forward-free pass over the text's tokens, about 0.3 ms a character on
+        # two cores: 10,000 characters keep one request within a few seconds of the model slot
+        max_detect_chars=_int("PLAYGROUND_MAX_DETECT_CHARS", 10_000 if space else 100_000, lo=1),
         model_sources=_sources(("bundled",) if space else ALL_SOURCES),
         allow_remote_code=_flag("PLAYGROUND_ALLOW_REMOTE_CODE", not space),
         no_models=_flag("PLAYGROUND_NO_MODELS", False),

@@ -22,6 +22,10 @@ Design choices, and why:
   import (an export carries its branches; an import rebuilds them under new ids) and needs no
   model to replay. Deleting a parent keeps its branches (their ``parent_id`` becomes NULL,
   their ``branch`` stays).
+* Owners: a session made in the page records the *owner id* of the browser that made it (a
+  hash of a random key the browser keeps, :mod:`playground.ownership`); rename and delete can
+  be limited to the owner (``owned_by=``). Reading a session needs only its id: that is what a
+  share link hands out.
 * Session ids are ``secrets.token_urlsafe(24)`` (32 url-safe characters) redrawn until the
   first is a letter or digit, so a command line never reads one as an option: ~191.9 bits.
   Knowing an id is what lets someone open a session, so ids are never derived from content.
@@ -41,6 +45,7 @@ from typing import Any, Callable
 
 import sqlite_utils
 
+from playground import inputs
 from playground.errors import PlaygroundError
 from playground.settings import limits
 from playground.trace import validate_trace_dict
@@ -86,11 +91,22 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX sessions_by_parent ON sessions(parent_id)")
 
 
+def _migrate_v3(conn: sqlite3.Connection) -> None:
+    """Owners: the hashed key of the browser that made a session (issue 29); NULL for sessions
+    made before, from the command line or through the HTTP API."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
+    conn.execute("CREATE INDEX sessions_by_owner ON sessions(owner, created)")
+
+
 # MIGRATIONS[k] takes a database at version k to version k + 1. Append, never edit: a
 # database made by an older playground replays only the steps it has not seen.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2, _migrate_v3]
 BRANCH_FIELDS = ("lane", "step", "position", "token")
 MAX_TREE_DEPTH = 64
+# An export nests two levels per branch generation (a list of branches, then the export) over
+# a trace's own dozen or so: this is far above any real export and far below Python's stack.
+MAX_IMPORT_DEPTH = 2 * MAX_TREE_DEPTH + 64
+OWNER_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def schema_version() -> int:
@@ -172,6 +188,7 @@ def _check_trace(trace: Any, lane: int) -> None:
         validate_trace_dict(trace)
     except ValueError as e:
         raise PlaygroundError(f"run {lane}: {e}") from None
+    inputs.seed(trace.get("seed", 0), f"run {lane}'s seed")
     tokens = trace.get("tokens")
     if tokens is not None and not (isinstance(tokens, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in tokens.items())):
@@ -179,6 +196,15 @@ def _check_trace(trace: Any, lane: int) -> None:
     pieces = trace.get("pieces")
     if pieces is not None and not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)):
         raise PlaygroundError(f"run {lane}: 'pieces' must be a list of text")
+
+
+def _check_owner(owner: Any) -> str | None:
+    """An owner id (a 64-hex-digit hash, :func:`playground.ownership.owner_id`) or None."""
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or OWNER_RE.fullmatch(owner) is None:
+        raise PlaygroundError("malformed owner id")
+    return owner
 
 
 def _check_branch(branch: Any, lanes: int | None = None) -> dict[str, Any]:
@@ -210,6 +236,8 @@ def _check_session(title: Any, model: Any, prompt: Any, settings: Any, traces: A
         raise PlaygroundError("a session title must be text")
     if not isinstance(settings, dict):
         raise PlaygroundError("a session's settings must be a JSON object")
+    if settings.get("seed") is not None:
+        inputs.seed(settings["seed"], "the session's seed")
     if not isinstance(traces, list) or not traces:
         raise PlaygroundError("a session needs a list of at least one run")
     for lane, trace in enumerate(traces):
@@ -301,11 +329,12 @@ class Store:
     # -- writing
     def save_session(self, title: str, model: str, prompt: str, settings: dict[str, Any],
                      traces: list[dict[str, Any]], parent: str | None = None,
-                     branch: dict[str, Any] | None = None) -> str:
+                     branch: dict[str, Any] | None = None, owner: str | None = None) -> str:
         """Store a comparison (one trace per lane) in one transaction; return its new id.
 
         An empty title becomes the start of the prompt. ``parent`` and ``branch`` (both or
-        neither) store it as a branch of the session ``parent`` (see the module docstring).
+        neither) store it as a branch of the session ``parent`` (see the module docstring);
+        ``owner`` is the owner id of the browser that made it (None: nobody's).
         Raises :class:`PlaygroundError` for a trace that breaks the schema, settings that are
         not JSON, a malformed branch or a parent that does not exist.
         """
@@ -317,7 +346,8 @@ class Store:
             branch = _check_branch(branch)
         row = {"title": _clean_title(title, prompt), "model": model, "prompt": prompt,
                "settings": _dumps(settings, "the session settings"), "created": _now(),
-               "parent_id": parent, "branch": _dumps(branch, "the branch") if branch is not None else None}
+               "parent_id": parent, "branch": _dumps(branch, "the branch") if branch is not None else None,
+               "owner": _check_owner(owner)}
         runs = [self._run_row(lane, t) for lane, t in enumerate(traces)]
         return self._write(lambda conn: self._insert_tx(conn, row, runs))
 
@@ -339,10 +369,10 @@ class Store:
         sid = new_session_id()
         while conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
             sid = new_session_id()  # ~192 random bits: never in practice, but never overwrite
-        conn.execute("INSERT INTO sessions (id, created, title, model, prompt, settings, parent_id, branch) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        conn.execute("INSERT INTO sessions (id, created, title, model, prompt, settings, parent_id, branch, owner) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                      (sid, row["created"], row["title"], row["model"], row["prompt"], row["settings"],
-                      parent, row.get("branch")))
+                      parent, row.get("branch"), row.get("owner")))
         for run in runs:
             self._insert_run(conn, sid, run)
         return sid
@@ -352,29 +382,49 @@ class Store:
                      "VALUES (?, ?, ?, ?, ?, ?, ?)",
                      (sid, run["lane"], run["decoder"], run["params"], run["text"], run["stats"], run["trace"]))
 
-    def rename_session(self, sid: str, title: str) -> None:
-        """Give a session a new (non-empty) title."""
+    def rename_session(self, sid: str, title: str, owned_by: str | None = None) -> None:
+        """Give a session a new (non-empty) title; with ``owned_by``, only if that owner id made it."""
         _check_id(sid)
         if not isinstance(title, str) or not title.strip():
             raise PlaygroundError("a session title cannot be empty")
         clean = _clean_title(title, strict=True)
 
         def tx(conn: sqlite3.Connection) -> None:
+            self._check_owned(conn, sid, owned_by)
             if conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, sid)).rowcount == 0:
                 raise PlaygroundError(f"no session with id {sid}")
 
         self._write(tx)
 
-    def delete_session(self, sid: str) -> None:
-        """Delete a session and its runs."""
+    def delete_session(self, sid: str, owned_by: str | None = None) -> None:
+        """Delete a session and its runs; with ``owned_by``, only if that owner id made it."""
         _check_id(sid)
 
         def tx(conn: sqlite3.Connection) -> None:
+            self._check_owned(conn, sid, owned_by)
             conn.execute("DELETE FROM runs WHERE session_id = ?", (sid,))
             if conn.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount == 0:
                 raise PlaygroundError(f"no session with id {sid}")
 
         self._write(tx)
+
+    @staticmethod
+    def _check_owned(conn: sqlite3.Connection, sid: str, owned_by: str | None) -> None:
+        """Refuse, inside the caller's transaction, a change by someone who does not own ``sid``.
+        The same line whether the session is someone else's or does not exist: a caller learns
+        nothing about ids they do not hold."""
+        if owned_by is None:
+            return
+        row = conn.execute("SELECT owner FROM sessions WHERE id = ?", (sid,)).fetchone()
+        if row is None or row[0] is None or not secrets.compare_digest(str(row[0]), str(owned_by)):
+            raise PlaygroundError("only the browser that made this session may change it")
+
+    def session_owner(self, sid: str) -> str | None:
+        """The owner id of the browser that made ``sid`` (None: nobody's, or no such session)."""
+        _check_id(sid)
+        with self._lock:
+            row = self.conn.execute("SELECT owner FROM sessions WHERE id = ?", (sid,)).fetchone()
+        return None if row is None else row[0]
 
     # -- reading
     def load_session(self, sid: str) -> dict[str, Any]:
@@ -411,20 +461,28 @@ class Store:
         return {"id": sid, "title": s[0], "model": s[1], "created": s[2], "decoders": decoders,
                 "parent": s[3], "branch": json.loads(s[4]) if s[4] else None, "branches": kids}
 
-    def list_sessions(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Sessions (id, title, model, decoders in lane order, created, parent, branch), newest
-        first; at most ``limit``."""
-        newest = "SELECT {} FROM sessions ORDER BY created DESC, rowid DESC LIMIT ?"
+    def list_sessions(self, limit: int | None = None, owned_by: str | None = None,
+                      also: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Sessions (id, title, model, decoders in lane order, created, parent, branch, owner),
+        newest first; at most ``limit``. With ``owned_by``, only that owner id's sessions and
+        those named in ``also`` (e.g. one the visitor opened by its link)."""
+        where, args = "", []
+        if owned_by is not None:
+            ids = [i for i in also if is_valid_session_id(i)]
+            where = f"WHERE owner = ? OR id IN ({', '.join('?' for _ in ids)})" if ids else "WHERE owner = ?"
+            args = [owned_by, *ids]
+        newest = "SELECT {} FROM sessions " + where + " ORDER BY created DESC, rowid DESC LIMIT ?"
         n = -1 if limit is None else max(int(limit), 0)  # LIMIT -1: no limit
         with self._lock:
-            sessions = list(self.db.query(newest.format("id, title, model, created, parent_id, branch"), [n]))
+            sessions = list(self.db.query(newest.format("id, title, model, created, parent_id, branch, owner"),
+                                          [*args, n]))
             decoders: dict[str, list[str]] = {}
             for r in self.db.query(f"SELECT session_id, decoder FROM runs WHERE session_id IN ({newest.format('id')}) "
-                                   "ORDER BY session_id, lane", [n]):
+                                   "ORDER BY session_id, lane", [*args, n]):
                 decoders.setdefault(r["session_id"], []).append(r["decoder"])
         return [{"id": s["id"], "title": s["title"], "model": s["model"],
                  "decoders": decoders.get(s["id"], []), "created": s["created"], "parent": s["parent_id"],
-                 "branch": json.loads(s["branch"]) if s["branch"] else None} for s in sessions]
+                 "branch": json.loads(s["branch"]) if s["branch"] else None, "owner": s["owner"]} for s in sessions]
 
     def branch_tree(self, sid: str) -> dict[str, Any]:
         """The branch tree ``sid`` belongs to, from its root: nested ``{"id", "title", "branch",
@@ -472,33 +530,34 @@ class Store:
             out["branches"] = [self._export(k, True, depth + 1) for k in s["branches"]]
         return out
 
-    def import_session(self, data: dict[str, Any] | str | bytes) -> str:
+    def import_session(self, data: dict[str, Any] | str | bytes, owner: str | None = None) -> str:
         """Store an export as a new session (a new id; nothing is ever overwritten); return its id.
 
         ``data`` is the export dict or its JSON text. Its branches are stored too, under new
-        ids, as branches of the new session; an exported branch whose parent is in this
-        database is attached to it again. Raises :class:`PlaygroundError` with one line,
+        ids, as branches of the new session. An exported branch whose parent is *not* in the
+        file stands alone (it keeps where it branched off, with no parent): an import never
+        attaches itself to a session already stored, which may be someone else's. ``owner`` is
+        the importing browser's owner id. Raises :class:`PlaygroundError` with one line,
         changing nothing, for text that is not JSON, a file over
         ``PLAYGROUND_MAX_IMPORT_BYTES``, another format or version, or a malformed trace.
         """
         d = parse_export(data)
-        return self._write(lambda conn: self._import_tx(conn, d, None, 0))
+        who = _check_owner(owner)
+        return self._write(lambda conn: self._import_tx(conn, d, None, 0, who))
 
-    def _import_tx(self, conn: sqlite3.Connection, d: dict[str, Any], parent: str | None, depth: int) -> str:
+    def _import_tx(self, conn: sqlite3.Connection, d: dict[str, Any], parent: str | None, depth: int,
+                   owner: str | None = None) -> str:
         branch = d.get("branch")
-        if parent is None and branch is not None:
-            old = d.get("parent")
-            known = is_valid_session_id(old) and conn.execute("SELECT 1 FROM sessions WHERE id = ?", (old,)).fetchone()
-            parent = old if known else None
         row = {"title": _clean_title(d["title"], d["prompt"]), "model": d["model"], "prompt": d["prompt"],
                "settings": _dumps(d["settings"], "the session settings"), "created": _now(),
-               "parent_id": parent, "branch": _dumps(branch, "the branch") if branch is not None else None}
+               "parent_id": parent, "branch": _dumps(branch, "the branch") if branch is not None else None,
+               "owner": owner}
         runs = [self._run_row(lane, t) for lane, t in enumerate(d["runs"])]
         sid = self._insert_tx(conn, row, runs)
         for child in d.get("branches") or []:
             if depth >= MAX_TREE_DEPTH:
                 raise PlaygroundError(f"the import's branches nest deeper than {MAX_TREE_DEPTH}")
-            self._import_tx(conn, child, sid, depth + 1)
+            self._import_tx(conn, child, sid, depth + 1, owner)
         return sid
 
 
@@ -517,7 +576,11 @@ def parse_export(data: dict[str, Any] | str | bytes) -> dict[str, Any]:
         try:
             data = json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
-            raise PlaygroundError(f"the import is not valid JSON ({e})") from None
+            raise PlaygroundError(f"the import is not valid JSON ({str(e)[:120]})") from None
+        except RecursionError:
+            raise PlaygroundError(f"the import nests deeper than {MAX_IMPORT_DEPTH} levels") from None
+    # Before anything reads it: plain JSON, bounded depth, and numbers a later read can serialise.
+    inputs.json_shape("the import", data, max_depth=MAX_IMPORT_DEPTH, max_nodes=None)
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise PlaygroundError(f"the import is not a session export (expected format {EXPORT_FORMAT!r})")
     version = data.get("version")

@@ -12,6 +12,9 @@ import argparse
 import json
 
 from decoders.guided.watermark import DEFAULT_KEY, SCHEMES
+from playground import inputs
+from playground.errors import PlaygroundError
+from playground.settings import limits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,19 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _read_text(args: argparse.Namespace) -> str:
-    from playground.errors import PlaygroundError
-
+    """The text to score, from --text or --text-file, within PLAYGROUND_MAX_DETECT_CHARS."""
     if args.text is not None and args.text_file:
         raise PlaygroundError("give --text or --text-file, not both")
+    text = args.text or ""
     if args.text_file:
         try:
             with open(args.text_file, encoding="utf-8") as f:
-                return f.read()
+                text = f.read(limits().max_detect_chars + 1)
         except OSError as e:
             raise PlaygroundError(f"cannot read {args.text_file!r}: {e.strerror or e}") from None
         except UnicodeDecodeError:
             raise PlaygroundError(f"{args.text_file!r} is not UTF-8 text") from None
-    return args.text or ""
+    return inputs.text("the text", text, limits().max_detect_chars) or ""
 
 
 def summary(res: dict) -> str:

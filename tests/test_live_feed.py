@@ -216,18 +216,40 @@ def test_the_registry_serves_polls_by_token_and_forgets_ended_runs(monkeypatch):
     assert poll_feed(None) == {"unknown": True}
 
 
-def test_a_poll_that_overtakes_the_run_waits_for_its_feed(monkeypatch):
-    monkeypatch.setattr(live_feed, "POLL_WAIT_S", 5.0)
+def test_a_poll_that_overtakes_the_run_is_answered_at_once_and_the_next_one_is_served():
+    """A poll for a run that is not registered yet never holds a thread: "unknown" at once
+    (the page asks again a tenth of a second later), then the lanes once the run is there."""
     token = "o" * 24
     pub = Publisher([lane([8])])
-
-    def start_run() -> None:
-        feed = open_feed(token, render)
-        feed.attach(pub)
-
-    threading.Timer(0.2, start_run).start()
+    started = time.monotonic()
+    assert poll_feed(f"{token}:0") == {"unknown": True}
+    assert time.monotonic() - started < 0.1
+    feed = open_feed(token, render)
+    feed.attach(pub)
     try:
         ans = poll_feed(f"{token}:0")
         assert ans["lanes"] and ans["lanes"][0]["lane"] == 0
     finally:
         close_feed(token)
+
+
+def test_a_second_poll_of_one_run_never_waits_for_the_first():
+    """Two polls of the same run at once: the second is answered at once ("busy"), never
+    parked on the first one's lock."""
+    token = "p" * 24
+    pub = Publisher([lane([8])])
+    feed = open_feed(token, render)
+    feed.attach(pub)
+    try:
+        first = poll_feed(f"{token}:0")  # nothing new after this: the next poll waits up to a second
+        assert first["lanes"]
+        waiting = threading.Thread(target=poll_feed, args=(f"{token}:{first['seq']}",))
+        waiting.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        second = poll_feed(f"{token}:{first['seq']}")
+        assert second.get("busy") and time.monotonic() - t0 < 0.1
+        waiting.join(5)
+    finally:
+        close_feed(token)
+

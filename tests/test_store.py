@@ -106,7 +106,7 @@ def test_list_newest_first_with_decoders(store: Store) -> None:
     assert [s["id"] for s in listed] == [c, b, a]
     assert listed[1] == {"id": b, "title": "second", "model": "tiny-llama",
                          "decoders": ["top_k", "top_p", "greedy"], "created": listed[1]["created"],
-                         "parent": None, "branch": None}
+                         "parent": None, "branch": None, "owner": None}
     assert store.count() == 3
     assert [s["id"] for s in store.list_sessions(limit=2)] == [c, b]
     assert store.list_sessions(limit=2)[1]["decoders"] == ["top_k", "top_p", "greedy"]
@@ -550,9 +550,14 @@ def test_branch_tree_survives_export_and_import(store: Store, tmp_path: Path) ->
         lone = other.import_session(store.export_session(aa))
         assert other.load_session(lone)["parent"] is None
         assert other.load_session(lone)["branch"]["position"] == 4
-    # ...and into the database that has its parent: attached to it again
+    # ...and into the database that has its parent: it stands alone there too. An import is
+    # never filed under a session already stored (it may be someone else's), and that
+    # session's export does not carry it
     again = store.import_session(store.export_session(aa))
-    assert store.load_session(again)["parent"] == a
+    assert store.load_session(again)["parent"] is None
+    assert store.load_session(again)["branch"]["position"] == 4
+    assert again not in store.load_session(a)["branches"]
+    assert "branches" not in store.export_session(aa)
 
 
 def test_import_rejects_a_malformed_branch_and_changes_nothing(store: Store, db: Path) -> None:

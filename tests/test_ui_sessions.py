@@ -198,7 +198,7 @@ def test_branches_are_listed_under_their_parent_with_where_they_branched(demo, t
     assert "every lane from lane 1, step 2, forced '" in rows[4][0]
     # selecting a branch's row puts its title alone in the rename box
     sv = demo.sessions_view
-    sid, title, _label = sv.on_select(rows, gr.SelectData(None, {"index": [2, 0], "value": rows[2][0]}))
+    sid, title, _label = sv.on_select([r[4] for r in rows], evt=gr.SelectData(None, {"index": [2, 0], "value": rows[2][0]}))
     assert sid == tree["one"] and title == store.load_session(tree["one"])["title"]
 
 

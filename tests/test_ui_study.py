@@ -119,14 +119,26 @@ def test_no_models_needed(demo, view, here, monkeypatch):
     assert up[demo.compare_page.traces][0]["output_ids"]
 
 
-def test_upload_opens_a_study_from_anywhere(view, here, tmp_path):
+def test_an_upload_opens_from_a_copy_and_a_path_that_was_not_uploaded_is_refused(view, here, tmp_path, monkeypatch):
+    import hashlib
     import shutil
 
     _, out, printed = here
-    copy = tmp_path / "uploaded.db"
+    uploads = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
+    (uploads / "abc").mkdir(parents=True)
+    copy = uploads / "abc" / "uploaded.db"
     shutil.copy(out, copy)
+    before = hashlib.sha256(copy.read_bytes()).hexdigest()
     state, status, rows, _dd, _fig = view.on_upload(str(copy), None)
     assert state["sessions"] == printed["sessions"] and "uploaded.db" in status and len(rows) == 2
+    # read from a private copy: the upload itself is never opened as a store (nor migrated)
+    assert state["path"] != str(copy) and hashlib.sha256(copy.read_bytes()).hexdigest() == before
+    # a direct call naming any other file on the server opens nothing
+    outside = tmp_path / "elsewhere.db"
+    shutil.copy(out, outside)
+    state, status, *_ = view.on_upload(str(outside), None)
+    assert state is None and "not a file uploaded to this page" in status
 
 
 def test_what_is_not_a_study_is_one_line(view, here):

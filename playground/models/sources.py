@@ -19,8 +19,12 @@ BUNDLED = ("tiny-shakespeare", "tiny-shakespeare-draft", "tiny-shakespeare-diffu
 REMOTE_CODE_OFF = "remote code is disabled on this instance"
 
 
-def resolve(spec: str) -> tuple[str, str]:
-    """Map a model spec to ``(source, location)``; source is bundled, path, cache or hub."""
+def resolve(spec: str, paths: bool = True) -> tuple[str, str]:
+    """Map a model spec to ``(source, location)``; source is bundled, path, cache or hub.
+
+    Without ``paths`` (an instance that loads no local directories) the file system is never
+    looked at: a spec written as a path is a ``path`` spec by its spelling alone, so what the
+    refusal says cannot tell a visitor whether some directory exists or holds a model."""
     spec = (spec or "").strip()
     if not spec:
         raise PlaygroundError("no model given")
@@ -29,6 +33,10 @@ def resolve(spec: str) -> tuple[str, str]:
         if not (path / "config.json").exists():
             raise PlaygroundError(f"bundled model {spec!r} is missing from {path}; run `playground train-tiny`")
         return "bundled", str(path)
+    if not paths:
+        if spec.startswith((".", "/", "~", "\\")):
+            return "path", spec
+        return ("cache", spec) if _in_hf_cache(spec) else ("hub", spec)
     p = Path(spec).expanduser()
     if p.exists() or spec.startswith((".", "/", "~")):
         if not p.is_dir() or not (p / "config.json").exists():
@@ -44,7 +52,7 @@ def allowed(spec: str, trust_remote_code: bool) -> tuple[str, str]:
     lim = limits()
     if lim.no_models:
         raise PlaygroundError("model loading is disabled on this instance (replay only)")
-    source, location = resolve(spec)
+    source, location = resolve(spec, paths="path" in lim.model_sources)
     if source not in lim.model_sources:
         raise PlaygroundError(f"loading {source} models is disabled on this instance "
                               f"(allowed: {', '.join(lim.model_sources) or 'none'})")

@@ -36,7 +36,10 @@ def build_app() -> gr.Blocks:
     from playground.ui.study_view import StudyView
     from playground.ui.watermark_view import WatermarkView
 
-    with gr.Blocks(title="Decoder Playground", fill_width=True) as demo:
+    from playground.ui.exports import CACHE_CLEANUP
+
+    # delete_cache: Gradio's copies of served files (exports, uploads) go a minute after they were made
+    with gr.Blocks(title="Decoder Playground", fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
         # Registered first so their API names are taken before any UI handler's.
         public = api_endpoints.register()
         gr.Markdown(INTRO, elem_id="intro")

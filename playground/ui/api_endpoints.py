@@ -28,7 +28,9 @@ from typing import Any, Iterator
 import gradio as gr
 
 from playground import api
+from playground import inputs
 from playground.errors import PlaygroundError
+from playground.settings import limits
 from playground.hosting import gpu, model_event_settings
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,14 @@ def one_line_errors() -> Iterator[None]:
                        print_exception=False) from None
 
 
+def check_text_fields(**fields: Any) -> None:
+    """Each field is text or absent, within its size limit: one line naming the first that is
+    not ("prompt must be text, got a list"), before anything else is done with the request."""
+    caps = {"prompt": limits().max_prompt_chars}
+    for name, value in fields.items():
+        inputs.text(name, value, caps.get(name, 1000), optional=True)
+
+
 # ---------------------------------------------------------------------- endpoints
 def generate(model: str = api.DEFAULT_MODEL, decoder: str = "greedy", prompt: str = "",
              max_new_tokens: int = api.DEFAULT_MAX_NEW_TOKENS, seed: int = 0, draft: str | None = None,
@@ -69,6 +79,7 @@ def generate(model: str = api.DEFAULT_MODEL, decoder: str = "greedy", prompt: st
         knobs: the decoder's knobs as a JSON object, e.g. {"p": 0.9}
     """
     with one_line_errors():
+        check_text_fields(model=model, decoder=decoder, prompt=prompt, draft=draft)
         return _generate_on_gpu(model=model, decoder=decoder, prompt=prompt,
                                 max_new_tokens=api.whole_number("max_new_tokens", max_new_tokens),
                                 seed=api.whole_number("seed", seed), draft=draft or None,
@@ -126,7 +137,8 @@ def session(session_id: str) -> dict[str, Any]:
     from playground.store import default_store
 
     with one_line_errors():
-        return default_store().export_session(str(session_id or "").strip())
+        sid = inputs.text("session_id", session_id, 200)
+        return default_store().export_session(sid.strip())
 
 
 def decoders(family: str | None = None) -> list[dict[str, Any]]:
@@ -136,7 +148,7 @@ def decoders(family: str | None = None) -> list[dict[str, Any]]:
         family: only this family (sampling, search, speculative, diffusion, ...)
     """
     with one_line_errors():
-        return api.list_decoders(family or None)
+        return api.list_decoders(inputs.text("family", family, 100, optional=True) or None)
 
 
 # ---------------------------------------------------------------------- the model work
@@ -175,6 +187,7 @@ _race = gpu(_race_impl)
 def _comparison(preset: Any, lanes: Any, prompt: Any, model: Any, seed: Any, max_new_tokens: Any,
                 policy: Any, request: Any, stream: bool) -> Iterator[dict[str, Any]]:
     with one_line_errors():
+        check_text_fields(preset=preset, model=model, prompt=prompt, policy=policy)
         plan = api.plan_compare(preset or None, lanes, model=model or None, prompt=prompt, seed=seed,
                                 max_new_tokens=max_new_tokens, policy=policy or None)
         traces: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from playground.errors import PlaygroundError
+from playground.ownership import one_user, owner_id
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, one_line, status_html
 
@@ -116,13 +117,18 @@ def pick_token(traces: list[dict[str, Any]], t: Target, choice: Any, typed: Any)
     return resolve_token(int(choice))
 
 
-def run_branch(sid: str, lane: int, token: int, step: int, scope: str) -> str:
-    """Run the branch (with the model, under the hosting's GPU wrapper) and store it; its id."""
+def run_branch(sid: str, lane: int, token: int, step: int, scope: str, owner_key: Any = None) -> str:
+    """Run the branch (with the model, under the hosting's GPU wrapper) and store it as the
+    branching browser's; its id. It is filed under its parent only where the caller may change
+    the parent (:mod:`playground.ownership`)."""
     from playground.branching import branch_session
     from playground.hosting import gpu
     from playground.store import default_store
 
-    return gpu(branch_session)(default_store(), sid, lane, token, step=step, lanes=scope)
+    store = default_store()
+    attach = one_user() or (owner_id(owner_key) is not None and store.session_owner(sid) == owner_id(owner_key))
+    return gpu(branch_session)(store, sid, lane, token, step=step, lanes=scope, owner=owner_id(owner_key),
+                               attach=attach)
 
 
 def branch_note(session: dict[str, Any]) -> str:
@@ -191,7 +197,8 @@ class BranchPanel:
         # The status first, unqueued: the page says at once that the branch is on its way (it may
         # wait for a model slot); the model work follows in the shared model group.
         self.button.click(self.on_pressed, None, [self.status, self.button], queue=False, show_progress="hidden") \
-            .then(self.on_branch, [page.sid, page.traces, self.lane, page.step, self.choice, self.typed, self.scope],
+            .then(self.on_branch, [page.sid, page.traces, self.lane, page.step, self.choice, self.typed, self.scope,
+                                   page.owner_key],
                   page.page_outputs() + [self.status, self.button], show_progress="hidden",
                   **model_event_settings())
         self.parent_btn.click(self.on_parent, [self.parent], page.page_outputs() + [self.status],
@@ -237,7 +244,7 @@ class BranchPanel:
                 self.button: gr.update(interactive=False)}
 
     def on_branch(self, sid: Any, traces: list[dict[str, Any]] | None, lane: Any, step: Any, choice: Any,
-                  typed: Any, scope: Any) -> dict[Any, Any]:
+                  typed: Any, scope: Any, owner_key: Any = None) -> dict[Any, Any]:
         """Run the branch, store it and open it in the page; a failure is one line."""
         done = {self.button: gr.update(interactive=True)}
         try:
@@ -248,7 +255,7 @@ class BranchPanel:
             if not sid:
                 raise PlaygroundError("this comparison is not stored yet: run it (or open a session) first")
             token = pick_token(list(traces or []), t, choice, typed)
-            bid = run_branch(str(sid), t.lane, token, t.step, scope if scope in ("one", "all") else "one")
+            bid = run_branch(str(sid), t.lane, token, t.step, scope if scope in ("one", "all") else "one", owner_key)
         except PlaygroundError as e:
             return {self.status: status_html(one_line(str(e)), "error"), **done}
         except Exception as e:  # noqa: BLE001 - a bug is one line in the page; the log has the traceback

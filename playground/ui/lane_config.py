@@ -11,6 +11,7 @@ import secrets
 
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable
 
 import gradio as gr
@@ -21,6 +22,7 @@ from playground.ui import state as st
 from playground.ui.html import empty_output, error_html, human, md_text, stats_html, status_html
 from playground.ui.layout import LaneUI, PageLayout
 
+OWNER_JS = (Path(__file__).resolve().parent / "owner.js").read_text(encoding="utf-8")
 DEFAULT_PRESETS = ("speculative-showdown", "greedy-beam-sampling")  # what a first visit shows
 
 
@@ -99,6 +101,8 @@ class LaneConfigHandlers(PageLayout):
         # built, a second frame cost Chromium more than it saved (measured: every plot drawn
         # 8.4-12.2 s after navigation in one frame, 12.4-13.5 s in two, the text ~0.5 s sooner).
         demo.load(self.on_load, None, self.page_outputs(), show_progress="hidden")
+        # The owner key, from the browser alone (no server round trip).
+        demo.load(None, None, [self.owner_key], js=OWNER_JS, show_progress="hidden")
         # Warm the model cache as soon as the page opens, so the first Run starts at once.
         model_in, model_out = self.model_io()
         demo.load(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())

@@ -133,6 +133,9 @@ class PageLayout:
         self.notice = gr.HTML("", elem_id="run-notice")
         # The running comparison's token: Run writes it, Stop sends it back (see run_session).
         self.run_token = gr.Textbox("", visible=False, elem_id="run-token")
+        # The browser's owner key (ownership.py): the page's script fills it in on load; the
+        # events that save or change sessions send it.
+        self.owner_key = gr.Textbox("", visible=False, elem_id="owner-key")
 
         self.lane_count = gr.State(3)
         self.traces = gr.State([])

@@ -94,59 +94,69 @@ class LiveFeed:
         output). A page whose ``seq`` is not the last answer (a lost response, a reload) gets
         every lane whole.
         """
-        with self._serve:
-            self.polled_at = time.monotonic()
-            deadline = time.monotonic() + timeout
-            with self._cond:
-                while self.runner is None and not self.closed:
-                    rest = deadline - time.monotonic()
-                    if rest <= 0:
-                        return {"seq": self.seq, "lanes": [], "done": False}
-                    self._cond.wait(rest)
-                runner, closed = self.runner, self.closed
-            if runner is None:
-                return {"seq": self.seq, "lanes": [], "done": True}
-            if seq != self.seq:
-                self._sent.clear()
-                self._sig.clear()
-            # Wait for a publish that changes what the page shows, or for the deadline. The
-            # first answer writes every lane (the Run event's first frame leaves them alone), as
-            # soon as one has tokens, or with placeholders after FIRST_WAIT_S (models loading);
-            # after it, a lane is sent again only once it has something to show.
-            while True:
-                version, traces = runner.latest()
-                first = not self._sig
-                ready = not first or any(showable(t) for t in traces) or \
-                    time.monotonic() - self.attached_at >= FIRST_WAIT_S
-                changed = [(j, t) for j, t in enumerate(traces)
-                           if self._sig.get(j) != lane_signature(t) and (showable(t) or j not in self._sig)] \
-                    if ready else []
+        # One poll at a time per feed, and a second one never waits for the first: a worker
+        # thread parked on this lock would serve nobody (the page polls one at a time; a
+        # second poll is a reload or a stranger).
+        if not self._serve.acquire(blocking=False):
+            return {"seq": self.seq, "lanes": [], "done": False, "busy": True}
+        try:
+            return self._poll(seq, timeout)
+        finally:
+            self._serve.release()
+
+    def _poll(self, seq: int, timeout: float) -> dict[str, Any]:
+        self.polled_at = time.monotonic()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.runner is None and not self.closed:
                 rest = deadline - time.monotonic()
-                if changed or closed or runner.finished or rest <= 0:
-                    break
-                if not ready:  # wake when the placeholders are due, if no token comes first
-                    rest = min(rest, max(0.001, self.attached_at + FIRST_WAIT_S - time.monotonic()))
-                runner.wait(version, rest)
-            lanes = []
-            for j, trace in changed:
-                self._sig[j] = lane_signature(trace)
-                html, stats = self._render(j, trace)
-                before = self._sent.get(j)
-                if before == (html, stats):
-                    continue
-                if before is not None and html.startswith(before[0]):
-                    lanes.append({"lane": j, "op": "append", "html": html[len(before[0]):], "stats": stats})
-                else:
-                    lanes.append({"lane": j, "op": "replace", "html": html, "stats": stats})
-                self._sent[j] = (html, stats)
-            self.seq += 1
-            self.polled_at = time.monotonic()
-            done = closed or (runner.finished and version == runner.latest()[0])
-            return {"seq": self.seq, "lanes": lanes, "done": done}
+                if rest <= 0:
+                    return {"seq": self.seq, "lanes": [], "done": False}
+                self._cond.wait(rest)
+            runner, closed = self.runner, self.closed
+        if runner is None:
+            return {"seq": self.seq, "lanes": [], "done": True}
+        if seq != self.seq:
+            self._sent.clear()
+            self._sig.clear()
+        # Wait for a publish that changes what the page shows, or for the deadline. The
+        # first answer writes every lane (the Run event's first frame leaves them alone), as
+        # soon as one has tokens, or with placeholders after FIRST_WAIT_S (models loading);
+        # after it, a lane is sent again only once it has something to show.
+        while True:
+            version, traces = runner.latest()
+            first = not self._sig
+            ready = not first or any(showable(t) for t in traces) or \
+                time.monotonic() - self.attached_at >= FIRST_WAIT_S
+            changed = [(j, t) for j, t in enumerate(traces)
+                       if self._sig.get(j) != lane_signature(t) and (showable(t) or j not in self._sig)] \
+                if ready else []
+            rest = deadline - time.monotonic()
+            if changed or closed or runner.finished or rest <= 0:
+                break
+            if not ready:  # wake when the placeholders are due, if no token comes first
+                rest = min(rest, max(0.001, self.attached_at + FIRST_WAIT_S - time.monotonic()))
+            runner.wait(version, rest)
+        lanes = []
+        for j, trace in changed:
+            self._sig[j] = lane_signature(trace)
+            html, stats = self._render(j, trace)
+            before = self._sent.get(j)
+            if before == (html, stats):
+                continue
+            if before is not None and html.startswith(before[0]):
+                lanes.append({"lane": j, "op": "append", "html": html[len(before[0]):], "stats": stats})
+            else:
+                lanes.append({"lane": j, "op": "replace", "html": html, "stats": stats})
+            self._sent[j] = (html, stats)
+        self.seq += 1
+        self.polled_at = time.monotonic()
+        done = closed or (runner.finished and version == runner.latest()[0])
+        return {"seq": self.seq, "lanes": lanes, "done": done}
 
 
 _FEEDS: dict[str, LiveFeed] = {}
-_FEEDS_LOCK = threading.Condition()
+_FEEDS_LOCK = threading.Lock()
 
 
 def valid_token(token: Any) -> bool:
@@ -160,7 +170,6 @@ def open_feed(token: str, render: Render) -> LiveFeed | None:
         if not valid_token(token) or token in _FEEDS:
             return None
         feed = _FEEDS[token] = LiveFeed(render)
-        _FEEDS_LOCK.notify_all()
         return feed
 
 
@@ -172,19 +181,25 @@ def close_feed(token: str) -> None:
         feed.close()
 
 
-def poll_feed(value: Any) -> dict[str, Any]:
-    """The page's poll, ``"<run token>:<seq>"`` (sent by FLOW_JS): the feed's answer, after
-    waiting up to :data:`POLL_WAIT_S` for the run to register it (the poll can overtake the
-    Run event). ``{"unknown": true}`` when there is no such run (it ended, or never started)."""
-    token, _, seq = str(value or "").rpartition(":")
+def find_feed(value: Any) -> tuple[LiveFeed | None, int]:
+    """The feed a poll ``"<run token>:<seq>"`` names and the seq, without waiting: (None, -1)
+    for a malformed value or a run that is not (or no longer) registered."""
+    token, _, seq = str(value or "")[:100].rpartition(":")
     if not valid_token(token):
-        return {"unknown": True}
-    deadline = time.monotonic() + POLL_WAIT_S
+        return None, -1
     with _FEEDS_LOCK:
-        while token not in _FEEDS:
-            rest = deadline - time.monotonic()
-            if rest <= 0:
-                return {"unknown": True}
-            _FEEDS_LOCK.wait(rest)
-        feed = _FEEDS[token]
-    return feed.poll(int(seq) if seq.isdigit() else -1)
+        feed = _FEEDS.get(token)
+    return feed, (int(seq) if seq.isdigit() and len(seq) < 12 else -1)
+
+
+def poll_feed(value: Any) -> dict[str, Any]:
+    """The page's poll, ``"<run token>:<seq>"`` (sent by FLOW_JS): the feed's answer.
+
+    ``{"unknown": true}`` at once when there is no such run (it ended, never started, or the
+    poll overtook the Run event: the page asks again a moment later). Only a poll of a
+    registered run waits (up to :data:`POLL_WAIT_S`, for something new to show), so no request
+    that cannot be served ever holds a worker thread."""
+    feed, seq = find_feed(value)
+    if feed is None:
+        return {"unknown": True}
+    return feed.poll(seq)

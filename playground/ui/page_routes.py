@@ -13,16 +13,32 @@ then comes with the Run event's frames and Stop through its Gradio event.
 from __future__ import annotations
 
 import json
-from typing import Any
+import threading
+from typing import Any, Awaitable, Callable
 
 PREFIX = "/playground_api"
 MAX_BODY = 1024  # every value is a run token with a number or two
+# Requests one client may have open on these routes at once: a page has one poll and an
+# acknowledgement or a Stop in flight; a few tabs of one browser fit easily.
+MAX_PER_CLIENT = 8
+
+
+class TooLarge(Exception):
+    """A request body over :data:`MAX_BODY`."""
 
 
 async def _value(request: Any) -> str | None:
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        return None
+    """The request's ``{"value": "..."}``, or None when it is not that shape. A body over
+    :data:`MAX_BODY` is refused by its Content-Length before anything is read, and while it
+    streams in when it has none (or lies): never read whole first."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
+        raise TooLarge
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise TooLarge
     try:
         data = json.loads(body or b"{}")
     except ValueError:
@@ -31,16 +47,73 @@ async def _value(request: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
+class ClientSlots:
+    """How many requests each client has open on these routes (bounded per client)."""
+
+    def __init__(self, limit: int = MAX_PER_CLIENT) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def client(request: Any) -> str:
+        """Who is asking: the first forwarded address behind a proxy (a Space), else the peer."""
+        forwarded = request.headers.get("x-forwarded-for", "")
+        if forwarded:
+            return forwarded.split(",")[0].strip()[:64]
+        peer = getattr(request, "client", None)
+        return str(getattr(peer, "host", "") or "?")
+
+    def enter(self, who: str) -> bool:
+        """Take a slot for ``who``; False when all of theirs are taken."""
+        with self._lock:
+            n = self._open.get(who, 0)
+            if n >= self.limit:
+                return False
+            self._open[who] = n + 1
+            return True
+
+    def leave(self, who: str) -> None:
+        """Give ``who``'s slot back."""
+        with self._lock:
+            n = self._open.get(who, 0) - 1
+            if n > 0:
+                self._open[who] = n
+            else:
+                self._open.pop(who, None)
+
+
+def _guarded(handler: Callable[[Any], Awaitable[Any]], slots: ClientSlots) -> Callable[[Any], Awaitable[Any]]:
+    """``handler`` behind the per-client bound and the body limit (413 / 429 at once)."""
+    from starlette.responses import Response
+
+    async def route(request: Any) -> Any:
+        who = slots.client(request)
+        if not slots.enter(who):
+            return Response(status_code=429, headers={"Retry-After": "1"})
+        try:
+            return await handler(request)
+        except TooLarge:
+            return Response(status_code=413)
+        finally:
+            slots.leave(who)
+
+    return route
+
+
 async def live(request: Any) -> Any:
-    """The page's poll of its run's live feed (see :func:`playground.ui.live_feed.poll_feed`)."""
+    """The page's poll of its run's live feed (see :func:`playground.ui.live_feed.poll_feed`).
+
+    A poll for a run that is not registered is answered at once, in the event loop; only a
+    registered run's poll waits, in a worker thread, for something new to show."""
     from anyio import to_thread
     from starlette.responses import JSONResponse
 
-    from playground.ui.live_feed import poll_feed
+    from playground.ui.live_feed import find_feed
 
     value = await _value(request)
-    # the poll waits for the runner (up to a second or two): in a worker thread, not the loop
-    answer = await to_thread.run_sync(poll_feed, value) if value is not None else {"unknown": True}
+    feed, seq = find_feed(value)
+    answer = await to_thread.run_sync(feed.poll, seq) if feed is not None else {"unknown": True}
     return JSONResponse(answer, headers={"Cache-Control": "no-store"})
 
 
@@ -65,9 +138,11 @@ async def stop(request: Any) -> Any:
 
 
 def page_routes() -> list[Any]:
-    """The routes, for ``FastAPI(routes=...)`` (Gradio's ``launch(app_kwargs=...)``)."""
+    """The routes, for ``FastAPI(routes=...)`` (Gradio's ``launch(app_kwargs=...)``); one
+    per-client bound for all three."""
     from starlette.routing import Route
 
-    return [Route(f"{PREFIX}/live", live, methods=["POST"]),
-            Route(f"{PREFIX}/ack", ack, methods=["POST"]),
-            Route(f"{PREFIX}/stop", stop, methods=["POST"])]
+    slots = ClientSlots()
+    return [Route(f"{PREFIX}/live", _guarded(live, slots), methods=["POST"]),
+            Route(f"{PREFIX}/ack", _guarded(ack, slots), methods=["POST"]),
+            Route(f"{PREFIX}/stop", _guarded(stop, slots), methods=["POST"])]

@@ -30,6 +30,7 @@ import gradio as gr
 
 import visualizers
 from playground.errors import PlaygroundError
+from playground.ownership import owner_id
 from playground.ui import state as st
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, one_line, stats_html, status_html
@@ -197,10 +198,12 @@ FLOW_JS = """(...args) => {
       if (window.__pgLive !== live || document.querySelector('#status [data-run-end="' + tok + '"]')) return;
       if (ans.unknown) {
         // not started yet (queued, or the poll overtook the Run), or over: a run once seen
-        // has ended; one never seen is waited for a while (each poll waits a second)
-        if (!live.seen && ++live.misses < 120) setTimeout(poll, 0);
+        // has ended; one never seen is asked for again ten times a second, for a minute
+        // (the server answers such a poll at once)
+        if (!live.seen && ++live.misses < 600) setTimeout(poll, 100);
         return;
       }
+      if (ans.busy) { setTimeout(poll, 100); return; }  // another poll of this run is being served
       live.seen = true;
       live.seq = apply(ans) ? -1 : ans.seq;
       if (ans.done) return;
@@ -232,6 +235,7 @@ class RunSession(PageLayout):
         for ui in self.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
         run_inputs += option_inputs(self)  # chat, system prompt, remote-code opt-in (model_options)
+        run_inputs.append(self.owner_key)  # the saved session is this browser's (ownership.py)
         # The last input is the flow flag: FLOW_JS sets it to "flow:<run token>" in a page that
         # acknowledges the frames it draws and reads the live feed (the hidden run token box only
         # carries it; its own value is ignored).
@@ -270,7 +274,8 @@ class RunSession(PageLayout):
         # After the lanes: the model options, then the flow flag (FLOW_JS sets it, the last input,
         # in a page that acknowledges the frames it draws).
         options, tail = split_options(self, tuple(args[9 + 4 * self.max_lanes:]))
-        flag = str(tail[0]) if tail and tail[0] else ""
+        owner_key = tail[0] if len(tail) > 1 else None
+        flag = str(tail[-1]) if tail and tail[-1] else ""
         flow = FrameFlow() if flag == "flow" or flag.startswith("flow:") else None
         n = max(1, min(int(lane_count or 2), self.max_lanes))
         lanes = []
@@ -428,7 +433,8 @@ class RunSession(PageLayout):
                 title = st.session_title(lanes, pre["title"] if pre and [c.decoder for c in pre["lanes"]] ==
                                          [c.decoder for c in lanes] else None)
                 settings = st.session_settings(page_model, seed_i, mnt, policy, metric, lanes, preset)
-                sid = default_store().save_session(title, page_model, prompt, settings, traces)
+                sid = default_store().save_session(title, page_model, prompt, settings, traces,
+                                                   owner=owner_id(owner_key))
                 saved = " Saved — press Share for a link."
             except PlaygroundError as e:
                 gr.Warning(f"could not save the session: {e}")

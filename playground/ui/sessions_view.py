@@ -36,8 +36,10 @@ import gradio as gr
 
 import visualizers
 from playground.errors import PlaygroundError
+from playground.ownership import NOBODY, change_filter, may_read_in_tab, one_user, owner_id
 from playground.ui import state as st
 from playground.ui.compare import ComparePage, private_events
+from playground.ui.exports import ExportFiles
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, md_text, status_html
 
@@ -46,12 +48,23 @@ BRANCH_MARK = "↳ "
 INDENT = "\u2003"  # an em space per level: the table collapses ordinary spaces
 
 
-def session_rows() -> list[list[str]]:
-    """The stored sessions as table rows: sessions newest first, each followed by its branches
-    (oldest first, nested), a branch's title saying where it branched off."""
+def visible_sessions(owner_key: Any = None, open_sid: Any = None) -> list[dict[str, Any]]:
+    """The sessions the Sessions tab lists for a caller: every one for one user; on a hosted
+    instance the caller's own and the one open in their page (:mod:`playground.ownership`)."""
     from playground.store import default_store
 
-    return tree_rows(default_store().list_sessions())
+    store = default_store()
+    if one_user():
+        return store.list_sessions()
+    who = owner_id(owner_key)
+    also = (open_sid,) if isinstance(open_sid, str) else ()
+    return store.list_sessions(owned_by=who or NOBODY, also=also)
+
+
+def session_rows(owner_key: Any = None, open_sid: Any = None) -> list[list[str]]:
+    """The listed sessions as table rows: sessions newest first, each followed by its branches
+    (oldest first, nested), a branch's title saying where it branched off."""
+    return tree_rows(visible_sessions(owner_key, open_sid))
 
 
 def tree_rows(sessions: list[dict[str, Any]]) -> list[list[str]]:
@@ -301,20 +314,27 @@ def _picked_meanwhile(request: Any) -> bool:
 
 
 def _safe_filename(title: str) -> str:
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", title).strip("-")[:60] or "session"
+    # letters of any script stay (a French or Japanese title keeps its name); anything a file
+    # system or a Content-Disposition header could misread becomes a dash
+    stem = re.sub(r"[^\w.-]+", "-", title).strip("-._")[:60] or "session"
     return f"{stem}.json"
 
 
 class SessionsView:
-    """Builds the Sessions tab and wires it to the Compare page."""
+    """Builds the Sessions tab and wires it to the Compare page.
+
+    Every handler takes the caller's owner key and the session open in their page, and looks
+    sessions up on the server: the row a click selects is read from the listing this page was
+    sent (kept server-side), never from the table the browser sends back, and rename, delete
+    and export are checked against the session's owner (:mod:`playground.ownership`)."""
 
     def __init__(self, page: ComparePage, tabs: Any) -> None:
         self.page, self.tabs = page, tabs
+        self.exports = ExportFiles()
 
     def build(self) -> None:
         """Create the components (call inside the Sessions tab)."""
-        gr.Markdown("Every finished or stopped comparison is saved here. Select a row, then open, rename, "
-                    "delete or export it; import a JSON export from another machine.", elem_classes=["lane-info"])
+        gr.Markdown(_intro(), elem_classes=["lane-info"])
         with gr.Row(equal_height=True):
             self.refresh = gr.Button("↻ Refresh", elem_id="sessions-refresh", size="md", scale=1)
             self.import_btn = gr.UploadButton("⇪ Import JSON…", file_types=[".json"], type="binary",
@@ -323,6 +343,7 @@ class SessionsView:
         self.table = gr.Dataframe(value=[], headers=HEADERS, datatype="str", interactive=False, wrap=True,
                                   elem_id="sessions-table", column_widths=["30%", "16%", "26%", "14%", "14%"],
                                   max_height=420)
+        self.listed = gr.State([])  # the ids of the rows this page was sent, in row order
         self.selected = gr.State(None)
         with gr.Row(equal_height=True):
             self.selected_label = gr.HTML('<div class="lane-info">no session selected</div>', elem_id="session-selected")
@@ -341,100 +362,116 @@ class SessionsView:
             self._wire(demo, tab)
 
     def _wire(self, demo: gr.Blocks, tab: Any) -> None:
-        listing = [self.table, self.status]
-        self.refresh.click(self.on_refresh, None, listing)
-        tab.select(self.on_refresh, None, listing)
-        self.table.select(self.on_select, [self.table], [self.selected, self.title, self.selected_label])
-        self.rename_btn.click(self.on_rename, [self.selected, self.title], listing)
-        self.delete_btn.click(self.on_delete, [self.selected], listing + [self.selected, self.title,
-                                                                         self.selected_label])
-        self.export_btn.click(self.on_export, [self.selected], [self.export_file, self.status])
-        self.import_btn.upload(self.on_import, [self.import_btn], listing)
+        who = [self.page.owner_key, self.page.sid]
+        listing = [self.table, self.listed, self.status]
+        self.refresh.click(self.on_refresh, who, listing)
+        tab.select(self.on_refresh, who, listing)
+        self.table.select(self.on_select, [self.listed, *who], [self.selected, self.title, self.selected_label])
+        self.rename_btn.click(self.on_rename, [self.selected, self.title, *who], listing)
+        self.delete_btn.click(self.on_delete, [self.selected, *who], listing + [self.selected, self.title,
+                                                                                self.selected_label])
+        self.export_btn.click(self.on_export, [self.selected, *who], [self.export_file, self.status])
+        self.import_btn.upload(self.on_import, [self.import_btn, *who], listing)
         opened = self.open_btn.click(self.on_open, [self.selected], self.page.page_outputs() + [self.tabs, self.status])
         chain_replay(self.page, opened)
 
     # ---------------------------------------------------------------- handlers
-    def on_refresh(self) -> list[Any]:
+    def _listing(self, owner_key: Any, open_sid: Any, note: str, kind: str = "") -> list[Any]:
+        """The table, the ids behind its rows and a status line."""
+        rows = session_rows(owner_key, open_sid)
+        n = len(rows)
+        line = note or f"{n} stored session{'s' if n != 1 else ''}" + ("." if one_user() else " made in this browser or open in it.")
+        return [rows, [r[4] for r in rows], status_html(line, kind)]
+
+    def on_refresh(self, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
         """Reload the list."""
         try:
-            rows = session_rows()
+            return self._listing(owner_key, open_sid, "")
         except PlaygroundError as e:
-            return [gr.skip(), status_html(str(e), "error")]
-        return [rows, status_html(f"{len(rows)} stored session{'s' if len(rows) != 1 else ''}.")]
+            return [gr.skip(), gr.skip(), status_html(str(e), "error")]
 
-    def on_select(self, table: Any, evt: gr.SelectData) -> list[Any]:
-        """A row was clicked: remember its session id."""
+    def on_select(self, listed: Any, owner_key: Any = None, open_sid: Any = None,
+                  evt: gr.SelectData = None) -> list[Any]:
+        """A row was clicked: take its session id from the listing this page was sent."""
         from playground.store import default_store
 
+        nothing = [None, "", '<div class="lane-info">no session selected</div>']
         try:
-            row = evt.index[0]
-            rows = table.values.tolist() if hasattr(table, "values") else list(table)
-            title, sid = rows[row][0], rows[row][4]
-        except (IndexError, TypeError, AttributeError):
-            return [None, "", '<div class="lane-info">no session selected</div>']
+            row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+            sid = list(listed or [])[int(row)]
+        except (IndexError, TypeError, ValueError, AttributeError):
+            return nothing
         try:  # a branch's cell says where it branched off: the title box gets the title alone
-            title = default_store().session_summary(str(sid))["title"]
+            store = default_store()
+            if not may_read_in_tab(store.session_owner(sid), owner_key, open_sid, sid):
+                return nothing
+            title = store.session_summary(str(sid))["title"]
         except PlaygroundError:
-            pass
+            return nothing
         return [sid, title, f'<div class="lane-info">selected: <b>{_esc(title)}</b></div>']
 
-    def on_rename(self, sid: str | None, title: str) -> list[Any]:
-        """Rename the selected session."""
+    def on_rename(self, sid: Any, title: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
+        """Rename the selected session (its owner only, on a hosted instance)."""
         from playground.store import default_store
 
         if not sid:
             return self._warn("select a session first")
         try:
-            default_store().rename_session(sid, title)
+            default_store().rename_session(str(sid), title if isinstance(title, str) else "",
+                                           owned_by=change_filter(owner_key))
+            return self._listing(owner_key, open_sid, "Renamed.", "ok")
         except PlaygroundError as e:
             return self._warn(str(e))
-        rows = session_rows()
-        return [rows, status_html("Renamed.", "ok")]
 
-    def on_delete(self, sid: str | None) -> list[Any]:
-        """Delete the selected session."""
+    def on_delete(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
+        """Delete the selected session (its owner only, on a hosted instance)."""
         from playground.store import default_store
 
+        keep = [gr.skip(), gr.skip(), gr.skip()]
         if not sid:
-            return self._warn("select a session first") + [gr.skip(), gr.skip(), gr.skip()]
+            return self._warn("select a session first") + keep
         try:
-            default_store().delete_session(sid)
+            default_store().delete_session(str(sid), owned_by=change_filter(owner_key))
+            return self._listing(owner_key, open_sid, "Deleted.", "ok") + [
+                None, "", '<div class="lane-info">no session selected</div>']
         except PlaygroundError as e:
-            return self._warn(str(e)) + [gr.skip(), gr.skip(), gr.skip()]
-        return [session_rows(), status_html("Deleted.", "ok"), None, "",
-                '<div class="lane-info">no session selected</div>']
+            return self._warn(str(e)) + keep
 
-    def on_export(self, sid: str | None) -> list[Any]:
-        """Write the selected session as a JSON file to download."""
+    def on_export(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
+        """Write the selected session as a JSON file to download (removed a minute later)."""
         from playground.store import default_store
 
+        def refuse(msg: str) -> list[Any]:
+            gr.Warning(msg)
+            return [gr.update(visible=False), status_html(msg, "error")]
+
         if not sid:
-            gr.Warning("select a session first")
-            return [gr.update(visible=False), status_html("select a session first", "error")]
+            return refuse("select a session first")
         try:
-            data = default_store().export_session(sid)
+            store = default_store()
+            if not may_read_in_tab(store.session_owner(str(sid)), owner_key, open_sid, str(sid)):
+                raise PlaygroundError("only sessions made in this browser, or open in it, can be exported here")
+            data = store.export_session(str(sid))
         except PlaygroundError as e:
-            gr.Warning(str(e))
-            return [gr.update(visible=False), status_html(str(e), "error")]
-        folder = tempfile.mkdtemp(prefix="playground-export-")
-        path = os.path.join(folder, _safe_filename(data.get("title") or "session"))
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False)
+            return refuse(str(e))
+        path = self.exports.write(data, _safe_filename(data.get("title") or "session"))
         return [gr.update(value=path, visible=True), status_html("Exported — download the file below.", "ok")]
 
-    def on_import(self, data: bytes | None) -> list[Any]:
-        """Store an uploaded export as a new session (validated; nothing changes on error)."""
+    def on_import(self, data: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
+        """Store an uploaded export as a new session of this browser's (validated; nothing
+        changes on error)."""
         from playground.store import default_store
 
-        if not data:
+        if not data or not isinstance(data, (bytes, bytearray)):
             return self._warn("no file received")
         try:
-            sid = default_store().import_session(bytes(data))
+            sid = default_store().import_session(bytes(data), owner=owner_id(owner_key))
         except PlaygroundError as e:
             return self._warn(f"import refused: {e}")
-        rows = session_rows()
-        title = next((r[0] for r in rows if r[4] == sid), sid)
-        return [rows, status_html(f"Imported “{title}”.", "ok")]
+        listing = self._listing(owner_key, open_sid, "")
+        title = next((r[0] for r in listing[0] if r[4] == sid), sid)
+        listing[2] = status_html(f"Imported “{title}”.", "ok")
+        return listing
 
     def on_open(self, sid: str | None, request: gr.Request = None) -> dict[Any, Any]:
         """Open the selected session in the Compare tab: its text first (:func:`replay_frame`);
@@ -449,7 +486,16 @@ class SessionsView:
 
     def _warn(self, msg: str) -> list[Any]:
         gr.Warning(msg)
-        return [gr.skip(), status_html(msg, "error")]
+        return [gr.skip(), gr.skip(), status_html(msg, "error")]
+
+
+def _intro() -> str:
+    if one_user():
+        return ("Every finished or stopped comparison is saved here. Select a row, then open, rename, "
+                "delete or export it; import a JSON export from another machine.")
+    return ("The comparisons made in this browser are saved here, with the one open in the Compare tab. "
+            "Select a row, then open, rename, delete or export it (your own sessions only); a share link "
+            "shows a session to anyone, read-only.")
 
 
 def _esc(text: Any) -> str:

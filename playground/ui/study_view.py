@@ -9,8 +9,11 @@ Sessions view's route. Only stored traces are read, so it needs no model.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ FIGURE_CHOICES = [("tokens per target forward", "tokens_per_target_forward"), ("
                   ("finish reasons", "finish_reasons")]
 SQLITE_MAGIC = b"SQLite format 3\x00"
 NO_STUDY = '<div class="lane-info">no study open</div>'
+COPY_TTL_S = 3600.0  # a study's private copy outlives a reader's browsing of it
 
 
 # ---------------------------------------------------------------------- files
@@ -79,19 +83,80 @@ def check_study_file(path: str | os.PathLike[str]) -> None:
         raise PlaygroundError(f"{name} is not a study database (it holds no stored comparisons)")
 
 
-def load_study(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def read_only_copy(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None) -> Path:
+    """A private copy of the SQLite file at ``path``, made with SQLite's online backup from a
+    read-only connection: the original is never written (opening a store migrates its schema,
+    which must never happen to a file the instance did not make for itself, or to an upload).
+    Copies are named by the original's content and kept for :data:`COPY_TTL_S`."""
+    src_path = Path(path)
+    check_study_file(src_path)
+    digest = hashlib.sha256()
+    with open(src_path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    base = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / "playground-studies"
+    base.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for old in base.glob("*.db"):
+        try:
+            if now - old.stat().st_mtime > COPY_TTL_S:
+                old.unlink()
+        except OSError:
+            continue
+    out = base / f"{digest.hexdigest()[:32]}.db"
+    if not out.exists():
+        tmp = out.with_suffix(".part")
+        try:
+            src = sqlite3.connect(src_path.resolve().as_uri() + "?mode=ro", uri=True)
+            try:
+                dst = sqlite3.connect(str(tmp))
+                try:
+                    src.backup(dst)
+                finally:
+                    dst.close()
+            finally:
+                src.close()
+        except sqlite3.Error as e:
+            tmp.unlink(missing_ok=True)
+            raise PlaygroundError(f"{src_path.name} cannot be read as a study ({e})") from None
+        os.replace(tmp, out)
+    os.utime(out)
+    return out
+
+
+def load_study(path: str | os.PathLike[str], only_studies: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The aggregate of the study at ``path`` and its sessions (prompt order); an empty store
-    or one without study comparisons is one line."""
+    or one without study comparisons is one line. ``path`` is opened as it is (pass a
+    :func:`read_only_copy`); ``only_studies`` refuses a database holding any session that is
+    not part of a study (someone's page sessions)."""
     from playground.store import Store
     from playground.study import aggregate, study_sessions
 
     check_study_file(path)
     with Store(path) as store:
         sessions = study_sessions(store)
+        total = store.count()
     name = Path(path).name
     if not sessions:
         raise PlaygroundError(f"{name} holds no study comparisons (run `playground study --out {name}` first)")
+    if only_studies and total != len(sessions):
+        raise PlaygroundError(f"{name} is not a study file (it holds other sessions too)")
     return aggregate(sessions), sessions
+
+
+def uploaded_path(file: Any) -> Path:
+    """The path of a file this page uploaded: inside Gradio's upload folder, else refused
+    (a direct call naming any other server path opens nothing)."""
+    from gradio.utils import get_upload_folder
+
+    raw = getattr(file, "name", file)
+    if not isinstance(raw, str) or not raw:
+        raise PlaygroundError("no file received")
+    p = Path(raw).resolve()
+    folder = Path(get_upload_folder()).resolve()
+    if folder not in p.parents:
+        raise PlaygroundError("that is not a file uploaded to this page")
+    return p
 
 
 # ---------------------------------------------------------------------- what the view shows
@@ -192,20 +257,31 @@ class StudyView:
                                     self.page.page_outputs() + [self.tabs, self.status])
 
     # ---------------------------------------------------------------- handlers
-    def on_open(self, text: str | None, figure: str | None = None) -> list[Any]:
-        """Open the study file named in the path box (inside the data folder)."""
+    def on_open(self, text: Any, figure: str | None = None) -> list[Any]:
+        """Open the study file named in the path box (inside the data folder), from a read-only
+        copy. On a hosted instance only study files open (not the page's own database, nor any
+        other session store)."""
+        from playground.ownership import one_user
+
         try:
+            if text is not None and not isinstance(text, str):
+                raise PlaygroundError("the study file must be a file name")
             path = resolve_study_path(text)
+            if not one_user() and not (text or "").strip():
+                raise PlaygroundError("name a study file (the page's own database is not one)")
+            copy = read_only_copy(path)
         except PlaygroundError as e:
             return self._refuse(str(e))
-        return self._show(str(path), path.name, figure)
+        return self._show(str(copy), path, figure, only_studies=not one_user())
 
     def on_upload(self, file: Any, figure: str | None = None) -> list[Any]:
-        """Open an uploaded study file (Gradio keeps the upload in its own temporary folder)."""
-        path = getattr(file, "name", file)
-        if not path:
-            return self._refuse("no file received")
-        return self._show(str(path), Path(str(path)).name, figure)
+        """Open an uploaded study file, from a read-only copy (the upload is never migrated)."""
+        try:
+            path = uploaded_path(file)
+            copy = read_only_copy(path)
+        except PlaygroundError as e:
+            return self._refuse(str(e))
+        return self._show(str(copy), path, figure)
 
     def on_figure(self, study: dict[str, Any] | None, figure: str | None) -> Any:
         """Draw another figure of the open study."""
@@ -226,8 +302,9 @@ class StudyView:
             check_study_file(study["path"])
             with Store(study["path"]) as store:
                 session = store.load_session(sid)
-            same = Path(study["path"]).resolve() == Path(default_path()).expanduser().resolve()
-            page_sid = sid if same else copy_to_page_store(session, study["path"])
+            source = str(study.get("source") or study["path"])
+            same = Path(source).resolve() == Path(default_path()).expanduser().resolve()
+            page_sid = sid if same else copy_to_page_store(session, source)
         except PlaygroundError as e:
             return self._warn(str(e))
         up = self.page.open_session(page_sid)
@@ -236,12 +313,14 @@ class StudyView:
         return up
 
     # ---------------------------------------------------------------- helpers
-    def _show(self, path: str, name: str, figure: str | None) -> list[Any]:
+    def _show(self, path: str, source: Path, figure: str | None, only_studies: bool = False) -> list[Any]:
+        """Show the study read from ``path`` (a private copy of ``source``)."""
+        name = source.name
         try:
-            agg, sessions = load_study(path)
+            agg, sessions = load_study(path, only_studies=only_studies)
         except PlaygroundError as e:
             return self._refuse(str(e))
-        state = {"path": path, "sessions": {str(k): v for k, v in agg["sessions"].items()}, "aggregate": agg}
+        state = {"path": path, "source": str(source), "sessions": {str(k): v for k, v in agg["sessions"].items()}, "aggregate": agg}
         choices = prompt_choices(sessions)
         return [state, status_html(summary_line(agg, name), "ok"), aggregate_rows(agg),
                 gr.Dropdown(choices=choices, value=choices[0][1] if choices else None),

@@ -13,7 +13,9 @@ from typing import Any
 
 import gradio as gr
 
+from playground import inputs
 from playground.errors import PlaygroundError
+from playground.settings import limits
 from playground.ui.compare import ComparePage, private_events
 from playground.ui.html import status_html
 
@@ -53,6 +55,10 @@ def detection_trace(res: dict[str, Any]) -> dict[str, Any]:
 def detect(model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: Any, width: Any) -> dict[str, Any]:
     """Check the settings, then detect (the tokenizer and config are all it loads; CPU green lists)."""
     from decoders.guided.watermark import detect_text
+
+    inputs.text("the text", text, limits().max_detect_chars, optional=True)
+    inputs.text("the prompt", prompt, limits().max_prompt_chars, optional=True)
+    inputs.text("the model", model, 1000, optional=True)
 
     s = check_settings(gamma, seeding, key, width)
     model = (model or "").strip()
