@@ -72,9 +72,19 @@ def launch(demo: gr.Blocks, **overrides: object) -> None:
     """Launch with the queue and launch settings hosting decides, and the page CSS."""
     from playground.hosting import launch_settings, queue_settings
 
-    from playground.ui.page_routes import page_routes
-
-    # the page script's own routes (live feed, frame acknowledgements, Stop) come first
+    # the page script's own routes (live feed, frame acknowledgements, Stop) come first; the
+    # guard lets only the public API be called by name and caps every request body
     settings = {**launch_settings(), "css": css(), "theme": gr.themes.Soft(),
-                "app_kwargs": {"routes": page_routes()}, **overrides}
+                "app_kwargs": app_kwargs(), **overrides}
     demo.queue(**queue_settings()).launch(**settings)
+
+
+def app_kwargs() -> dict[str, object]:
+    """What :func:`launch` gives Gradio's FastAPI app: the page's routes and the request guard."""
+    from starlette.middleware import Middleware
+
+    from playground.ui.api_endpoints import ENDPOINTS
+    from playground.ui.page_routes import page_routes
+    from playground.ui.request_guard import RequestGuard
+
+    return {"routes": page_routes(), "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}

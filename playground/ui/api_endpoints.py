@@ -59,8 +59,9 @@ def check_text_fields(**fields: Any) -> None:
     """Each field is text or absent, within its size limit: one line naming the first that is
     not ("prompt must be text, got a list"), before anything else is done with the request."""
     caps = {"prompt": limits().max_prompt_chars}
+    words = {"prompt": "the prompt"}  # as the engine says it: "the prompt has 5000 characters; ..."
     for name, value in fields.items():
-        inputs.text(name, value, caps.get(name, 1000), optional=True)
+        inputs.text(words.get(name, name), value, caps.get(name, 1000), optional=True)
 
 
 # ---------------------------------------------------------------------- endpoints

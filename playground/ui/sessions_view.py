@@ -376,7 +376,7 @@ class SessionsView:
         chain_replay(self.page, opened)
 
     # ---------------------------------------------------------------- handlers
-    def _listing(self, owner_key: Any, open_sid: Any, note: str, kind: str = "") -> list[Any]:
+    def _listing(self, owner_key: Any, open_sid: Any, note: str, kind: str = "info") -> list[Any]:
         """The table, the ids behind its rows and a status line."""
         rows = session_rows(owner_key, open_sid)
         n = len(rows)
