@@ -19,7 +19,7 @@ Space deployed without any settings still refuses local paths, hub downloads and
 | ``PLAYGROUND_MODEL_CONCURRENCY`` | model-running events at once, all together | 2 | 1 |
 | ``PLAYGROUND_QUEUE_SIZE`` | most requests waiting in the queue (0 = no limit) | 0 | 32 |
 | ``PLAYGROUND_GPU_DURATION`` | seconds a ZeroGPU call may hold the GPU (0 = spaces' default) | 0 | 0 |
-| ``PLAYGROUND_LIST_SESSIONS`` | 1 lists every stored session (with rename/delete) in the Sessions tab; 0 hides the list, links and import still work | 1 | 0 |
+| ``PLAYGROUND_LIST_SESSIONS`` | 1: one trusted user, every stored session listed and changeable; 0: owners, each visitor lists and changes only the sessions their browser made (``playground/ownership.py``) | 1 | 0 |
 | ``PLAYGROUND_HUB_TIMEOUT`` | seconds a hub id that is not cached may take to answer before it fails with one line | 5 | 5 |
 | ``PLAYGROUND_MODEL_CACHE`` | loaded models kept in memory (least recently used dropped first) | 4 | 4 |
 
@@ -134,7 +134,8 @@ def limits() -> Limits:
         queue_size=_int("PLAYGROUND_QUEUE_SIZE", 32 if space else 0),
         gpu_duration=_int("PLAYGROUND_GPU_DURATION", 0),
         # A session id is the key to a session: listing them all to every visitor of a
-        # public Space would hand out every key (and the delete button with it).
+        # public Space would hand out every key (and the delete button with it), so there each
+        # visitor lists and changes only what their own browser made.
         list_sessions=_flag("PLAYGROUND_LIST_SESSIONS", not space),
         hub_timeout=_seconds("PLAYGROUND_HUB_TIMEOUT", 5.0),
         model_cache=_int("PLAYGROUND_MODEL_CACHE", 4, lo=1),

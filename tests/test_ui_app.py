@@ -175,12 +175,12 @@ def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_pat
     sid = final[page.sid]
     rows = session_rows()
     assert rows[0][4] == sid and rows[0][2] == "greedy, greedy"
-    assert "1 stored session" in sv.on_refresh()[1]
+    assert "1 stored session" in sv.on_refresh()[2]
 
-    assert "Renamed" in sv.on_rename(sid, "My comparison")[1]
+    assert "Renamed" in sv.on_rename(sid, "My comparison")[2]
     assert session_rows()[0][0] == "My comparison"
-    assert "cannot be empty" in sv.on_rename(sid, "  ")[1]
-    assert "select a session" in sv.on_rename(None, "x")[1]
+    assert "cannot be empty" in sv.on_rename(sid, "  ")[2]
+    assert "select a session" in sv.on_rename(None, "x")[2]
 
     file_up, msg = sv.on_export(sid)
     path = file_up["value"]
@@ -191,9 +191,9 @@ def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_pat
     for bad, why in ((b"not json", "not valid JSON"), (b'{"format": "other"}', "not a session export"),
                      (json.dumps({**data, "runs": [{"schema": 1}]}).encode(), "missing field")):
         out = sv.on_import(bad)
-        assert why in out[1] and "import refused" in out[1]
+        assert why in out[2] and "import refused" in out[2]
         assert session_rows() == before  # nothing changed
-    rows, msg = sv.on_import(json.dumps(data).encode())
+    rows, _ids, msg = sv.on_import(json.dumps(data).encode())
     assert "Imported" in msg and len(rows) == 2
     new_sid = next(r[4] for r in rows if r[4] != sid)
     assert default_store().load_session(new_sid)["runs"] == default_store().load_session(sid)["runs"]
@@ -202,8 +202,8 @@ def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_pat
     assert opened[page.sid] == new_sid and opened[page.traces][0]["output_ids"]
 
     out = sv.on_delete(sid)
-    assert "Deleted" in out[1] and [r[4] for r in out[0]] == [new_sid]
-    assert "no session" in sv.on_delete(sid)[1]
+    assert "Deleted" in out[2] and [r[4] for r in out[0]] == [new_sid] and out[1] == [new_sid]
+    assert "no session" in sv.on_delete(sid)[2]
 
 
 def test_a_decoder_on_the_wrong_model_kind_is_a_lane_error(page, tiny, db):
