@@ -288,7 +288,7 @@ def test_plan_reads_lanes_as_objects_json_text_or_names():
     ({"lanes": "[1,"}, "lanes is not valid JSON"),
     ({"lanes": ["greedy"], "policy": "fastest"}, "unknown lockstep policy 'fastest'"),
     ({"lanes": ["greedy"], "max_new_tokens": 2.5}, "max_new_tokens must be a whole number, got 2.5"),
-    ({"lanes": ["greedy"], "seed": True}, "seed must be a whole number, got True"),
+    ({"lanes": ["greedy"], "seed": True}, "seed must be a whole number, got true/false"),
 ])
 def test_plan_refuses_a_bad_request_with_one_line(kwargs, message):
     from playground.api import plan_compare
