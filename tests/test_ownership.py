@@ -17,7 +17,6 @@ from starlette.testclient import TestClient
 from playground.errors import PlaygroundError
 from playground.ownership import owner_id
 from playground.store import Store, parse_export
-from playground.ui.exports import ExportFiles
 from playground.ui.request_guard import RequestGuard
 
 KEY_A = "A" * 40
@@ -213,19 +212,43 @@ def test_a_refused_path_model_never_says_whether_a_directory_holds_a_model(tmp_p
 
 
 # ---------------------------------------------------------------------- exports, bodies, the study tab
-def test_exports_are_removed_after_their_time_and_do_not_pile_up(tmp_path):
-    files = ExportFiles(tmp_path / "exports", ttl=0.4)
-    paths = [files.write({"n": i, "pad": "x" * 10_000}, f"s{i}.json") for i in range(5)]
-    assert all(json.loads(open(p, encoding="utf-8").read())["n"] == i for i, p in enumerate(paths))
-    same = {files.write({"n": 0, "pad": "x" * 10_000}, "s0.json") for _ in range(5)}
-    assert len(same) == 1 and same == {paths[0]}  # the same export again is the same file
-    assert files.usage() < 6 * 11_000
-    time.sleep(1.0)
-    assert files.usage() == 0
-    files.write({"late": True}, "late.json")
-    time.sleep(0.5)
-    files.sweep()
-    assert files.usage() == 0 and list((tmp_path / "exports").iterdir()) == []
+def test_exports_stream_from_the_store_and_leave_nothing_behind(demo, hosted, tmp_path, monkeypatch):
+    """Export writes no file: its link streams the session from the store, keeps a title in
+    any script, and expires; N exports take no space."""
+    import re
+    import tempfile
+
+    from playground.ui.page_routes import page_routes
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # anything written would land here
+    sv, store = demo.sessions_view, hosted["store"]
+    store.rename_session(hosted["a"], "Spéculatif — 投機的")
+    client = TestClient(Starlette(routes=page_routes(sv.exports)))
+    hrefs = []
+    for _ in range(5):
+        link, line = sv.on_export(hosted["a"], KEY_A, None)
+        assert "Exported" in line
+        hrefs.append(re.search(r'href="([^"]+)"', link["value"]).group(1))
+    assert len(set(hrefs)) == 5 and list(scratch.iterdir()) == []
+    r = client.get("/" + hrefs[0])
+    assert r.status_code == 200 and r.json()["title"] == "Spéculatif — 投機的"
+    assert "filename*=UTF-8''Sp%C3%A9culatif" in r.headers["content-disposition"]
+    assert client.get("/playground_api/export/" + "x" * 32).status_code == 404
+    assert client.get("/playground_api/export/../../etc/passwd").status_code == 404
+
+
+def test_export_links_expire():
+    from playground.ui.exports import ExportLinks
+
+    now = [0.0]
+    links = ExportLinks(ttl=10, clock=lambda: now[0])
+    token = links.issue("S" * 32, "s.json")
+    assert links.resolve(token) == ("S" * 32, "s.json") and len(links) == 1
+    now[0] = 11
+    assert links.resolve(token) is None and len(links) == 0
+    assert links.resolve("../x") is None and links.resolve(None) is None
 
 
 def test_the_guard_refuses_large_bodies_and_private_calls(monkeypatch):

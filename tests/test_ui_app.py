@@ -166,6 +166,23 @@ def test_script_tokens_are_escaped_in_a_replay(page, db):
     assert up[page.prompt] == evil  # the prompt box holds it as plain text
 
 
+def download_export(sv, sid):
+    """Press Export, then follow the link it shows through the page's export route."""
+    import re
+
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from playground.ui.page_routes import page_routes
+
+    link_up, msg = sv.on_export(sid)
+    assert "Exported" in msg and link_up["visible"]
+    href = re.search(r'href="([^"]+)"', link_up["value"]).group(1)
+    r = TestClient(Starlette(routes=page_routes(sv.exports))).get("/" + href)
+    assert r.status_code == 200 and r.headers["content-disposition"].startswith("attachment;")
+    return r.json()
+
+
 def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_path):
     from playground.store import default_store
     from playground.ui.sessions_view import session_rows
@@ -182,9 +199,7 @@ def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_pat
     assert "cannot be empty" in sv.on_rename(sid, "  ")[2]
     assert "select a session" in sv.on_rename(None, "x")[2]
 
-    file_up, msg = sv.on_export(sid)
-    path = file_up["value"]
-    data = json.loads(open(path, encoding="utf-8").read())
+    data = download_export(sv, sid)
     assert data["title"] == "My comparison" and len(data["runs"]) == 2
 
     before = session_rows()
@@ -561,7 +576,7 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     monkeypatch.setattr(type(demo), "launch", lambda self, **kw: seen.update(kw))
     monkeypatch.setattr(type(demo), "queue", lambda self, **kw: self)
     launch(demo)
-    assert [r.path for r in seen["app_kwargs"]["routes"]] == [r.path for r in page_routes()]
+    assert [r.path for r in seen["app_kwargs"]["routes"]] == [r.path for r in page_routes(demo.sessions_view.exports)]
 
     acked, stopped = [], []
     monkeypatch.setattr(rs, "on_frame_drawn", acked.append)

@@ -75,16 +75,19 @@ def launch(demo: gr.Blocks, **overrides: object) -> None:
     # the page script's own routes (live feed, frame acknowledgements, Stop) come first; the
     # guard lets only the public API be called by name and caps every request body
     settings = {**launch_settings(), "css": css(), "theme": gr.themes.Soft(),
-                "app_kwargs": app_kwargs(), **overrides}
+                "app_kwargs": app_kwargs(demo), **overrides}
     demo.queue(**queue_settings()).launch(**settings)
 
 
-def app_kwargs() -> dict[str, object]:
-    """What :func:`launch` gives Gradio's FastAPI app: the page's routes and the request guard."""
+def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
+    """What :func:`launch` gives Gradio's FastAPI app: the page's routes (with the Sessions
+    tab's export links of ``demo``) and the request guard."""
     from starlette.middleware import Middleware
 
     from playground.ui.api_endpoints import ENDPOINTS
     from playground.ui.page_routes import page_routes
     from playground.ui.request_guard import RequestGuard
 
-    return {"routes": page_routes(), "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}
+    view = getattr(demo, "sessions_view", None)
+    return {"routes": page_routes(getattr(view, "exports", None)),
+            "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}

@@ -1,78 +1,77 @@
-"""Export files for download: written once, removed a minute later.
+"""Session exports streamed to the browser: no file is written.
 
-Gradio serves a download from a file path, and copies the file into its own cache as it
-sends it (that copy is removed by the app's ``delete_cache`` setting, :data:`CACHE_CLEANUP`).
-The file written here only has to live until that copy is made, so each one is deleted
-``ttl`` seconds after it was written, and every write first sweeps any that outlived their
-time (a timer lost to a restart). Files are named by their content: exporting the same
-session again reuses its file instead of adding one.
+Export in the Sessions tab asks for a download link; :class:`ExportLinks` gives it a token
+that names the session for :data:`LINK_TTL_S` seconds, and the page's export route
+(``page_routes.export``) answers a GET of that token with the session's export JSON, read
+from the store at that moment and sent as an attachment. Nothing is left behind: N exports
+take no disk space at all, and a link that has expired (or was never made) is a 404.
+
+Gradio's own copies of files it serves (uploads) are removed a minute after they were made
+(:data:`CACHE_CLEANUP`, the app's ``delete_cache``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
+import re
+import secrets
 import threading
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import quote
 
-TTL_S = 60.0
-# Gradio's own copies of served files (Blocks(delete_cache=...)): checked every minute, removed
-# once a minute old.
+LINK_TTL_S = 600.0  # a reader may take a while to click "download"
+MAX_LINKS = 10_000  # tokens alive at once, all pages together (old ones dropped first)
 CACHE_CLEANUP = (60, 60)
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{32}")
 
 
-class ExportFiles:
-    """A folder of short-lived export files (one per distinct export)."""
+class ExportLinks:
+    """Short-lived download tokens, each naming one session and its file name."""
 
-    def __init__(self, folder: str | os.PathLike[str] | None = None, ttl: float = TTL_S) -> None:
-        self.folder = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / "playground-exports"
+    def __init__(self, ttl: float = LINK_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = float(ttl)
+        self._clock = clock
+        self._links: dict[str, tuple[str, str, float]] = {}  # token -> (session id, file name, expiry)
         self._lock = threading.Lock()
 
-    def write(self, data: dict[str, Any], filename: str) -> str:
-        """Write ``data`` as JSON under ``filename`` and return its path; it is removed after ``ttl`` s."""
-        body = json.dumps(data, ensure_ascii=False).encode("utf-8")
-        digest = hashlib.sha256(body).hexdigest()[:24]
+    def issue(self, sid: str, filename: str) -> str:
+        """A new token for downloading session ``sid`` as ``filename``."""
+        token = secrets.token_urlsafe(24)
+        now = self._clock()
         with self._lock:
-            self.sweep()
-            folder = self.folder / digest
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / filename
-            tmp = folder / f".{filename}.part"
-            tmp.write_bytes(body)
-            os.replace(tmp, path)  # a download never sees half a file
-        timer = threading.Timer(self.ttl, self._remove, args=(folder,))
-        timer.daemon = True
-        timer.start()
-        return str(path)
+            self._drop_expired(now)
+            while len(self._links) >= MAX_LINKS:
+                self._links.pop(next(iter(self._links)))
+            self._links[token] = (sid, filename, now + self.ttl)
+        return token
 
-    def sweep(self, now: float | None = None) -> None:
-        """Remove every export folder older than ``ttl`` seconds."""
-        now = time.time() if now is None else now
-        if not self.folder.is_dir():
-            return
-        for folder in self.folder.iterdir():
-            try:
-                if now - folder.stat().st_mtime >= self.ttl:
-                    self._remove(folder)
-            except OSError:
-                continue
+    def resolve(self, token: Any) -> tuple[str, str] | None:
+        """(session id, file name) of a live token, else None."""
+        if not isinstance(token, str) or TOKEN_RE.fullmatch(token) is None:
+            return None
+        with self._lock:
+            self._drop_expired(self._clock())
+            hit = self._links.get(token)
+        return None if hit is None else (hit[0], hit[1])
 
-    def usage(self) -> int:
-        """Bytes the export files take now."""
-        if not self.folder.is_dir():
-            return 0
-        return sum(f.stat().st_size for f in self.folder.rglob("*") if f.is_file())
+    def __len__(self) -> int:
+        with self._lock:
+            self._drop_expired(self._clock())
+            return len(self._links)
 
-    @staticmethod
-    def _remove(folder: Path) -> None:
-        try:
-            for f in folder.iterdir():
-                f.unlink(missing_ok=True)
-            folder.rmdir()
-        except OSError:
-            pass  # already gone, or a download still holds it open: the next sweep takes it
+    def _drop_expired(self, now: float) -> None:
+        for token in [t for t, (_s, _f, until) in self._links.items() if until <= now]:
+            del self._links[token]
+
+
+def export_body(data: dict[str, Any]) -> bytes:
+    """The export file's bytes (UTF-8 JSON)."""
+    return json.dumps(data, ensure_ascii=False).encode("utf-8")
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment header that keeps a name in any script (RFC 6266 / 5987), with an ASCII
+    fallback for old clients."""
+    fallback = re.sub(r"[^A-Za-z0-9._-]+", "-", filename).strip("-") or "session.json"
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"

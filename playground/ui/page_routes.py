@@ -1,7 +1,8 @@
 """Plain HTTP routes the Compare page's own script calls while a run streams.
 
 Three small POSTs, each ``{"value": "..."}``: ``live`` (the long poll of a run's live feed),
-``ack`` (the page drew a frame) and ``stop`` (Stop, by run token). They are routes of the app
+``ack`` (the page drew a frame) and ``stop`` (Stop, by run token); and one GET, ``export/<token>``
+(a session export the Sessions tab made a link for, streamed from the store). They are routes of the app
 itself rather than Gradio events on purpose: every request to a Gradio event that comes
 without a queue session rebuilds the whole page's component configuration first (measured:
 a quarter of the app's CPU while a page polled ten times a second, slowing the decoders it
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import threading
 from typing import Any, Awaitable, Callable
+
+from playground.ui.exports import ExportLinks, content_disposition, export_body
 
 PREFIX = "/playground_api"
 MAX_BODY = 1024  # every value is a run token with a number or two
@@ -137,12 +140,40 @@ async def stop(request: Any) -> Any:
     return Response(status_code=204)
 
 
-def page_routes() -> list[Any]:
+def export_route(links: ExportLinks) -> Callable[[Any], Awaitable[Any]]:
+    """``GET {PREFIX}/export/<token>``: the session a live export link names, streamed from the
+    store as a JSON attachment (nothing is written to disk); 404 for any other token."""
+    from starlette.responses import Response
+
+    from playground.errors import PlaygroundError
+    from playground.store import default_store
+
+    async def export(request: Any) -> Any:
+        hit = links.resolve(request.path_params.get("token"))
+        if hit is None:
+            return Response("this export link has expired; press Export again", status_code=404,
+                            media_type="text/plain")
+        sid, filename = hit
+        try:
+            body = export_body(default_store().export_session(sid))
+        except PlaygroundError as e:
+            return Response(str(e), status_code=404, media_type="text/plain")
+        return Response(body, media_type="application/json",
+                        headers={"Content-Disposition": content_disposition(filename), "Cache-Control": "no-store"})
+
+    return export
+
+
+def page_routes(exports: ExportLinks | None = None) -> list[Any]:
     """The routes, for ``FastAPI(routes=...)`` (Gradio's ``launch(app_kwargs=...)``); one
-    per-client bound for all three."""
+    per-client bound for all of them. ``exports`` are the Sessions tab's download links (no
+    export route without them)."""
     from starlette.routing import Route
 
     slots = ClientSlots()
-    return [Route(f"{PREFIX}/live", _guarded(live, slots), methods=["POST"]),
-            Route(f"{PREFIX}/ack", _guarded(ack, slots), methods=["POST"]),
-            Route(f"{PREFIX}/stop", _guarded(stop, slots), methods=["POST"])]
+    routes = [Route(f"{PREFIX}/live", _guarded(live, slots), methods=["POST"]),
+              Route(f"{PREFIX}/ack", _guarded(ack, slots), methods=["POST"]),
+              Route(f"{PREFIX}/stop", _guarded(stop, slots), methods=["POST"])]
+    if exports is not None:
+        routes.append(Route(f"{PREFIX}/export/{{token}}", _guarded(export_route(exports), slots), methods=["GET"]))
+    return routes

@@ -26,10 +26,7 @@ large fixed amount of work.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 from typing import Any
 
 import gradio as gr
@@ -39,11 +36,13 @@ from playground.errors import PlaygroundError
 from playground.ownership import NOBODY, change_filter, may_read_in_tab, one_user, owner_id
 from playground.ui import state as st
 from playground.ui.compare import ComparePage, private_events
-from playground.ui.exports import ExportFiles
+from playground.ui.exports import ExportLinks
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, md_text, status_html
 
 HEADERS = ["Title", "Model", "Decoders", "Created (UTC)", "Id"]
+# relative to the page: the app's own route (page_routes.export_route)
+EXPORT_ROUTE = "playground_api/export"
 BRANCH_MARK = "↳ "
 INDENT = "\u2003"  # an em space per level: the table collapses ordinary spaces
 
@@ -330,7 +329,7 @@ class SessionsView:
 
     def __init__(self, page: ComparePage, tabs: Any) -> None:
         self.page, self.tabs = page, tabs
-        self.exports = ExportFiles()
+        self.exports = ExportLinks()
 
     def build(self) -> None:
         """Create the components (call inside the Sessions tab)."""
@@ -353,7 +352,8 @@ class SessionsView:
             self.rename_btn = gr.Button("Rename", elem_id="session-rename", scale=1)
             self.delete_btn = gr.Button("Delete", variant="stop", elem_id="session-delete", scale=1)
             self.export_btn = gr.Button("Export JSON", elem_id="session-export", scale=1)
-        self.export_file = gr.File(label="Export", elem_id="session-export-file", visible=False, interactive=False)
+        # a download link to the page's export route: the export streams from the store, no file
+        self.export_file = gr.HTML("", elem_id="session-export-file", visible=False)
 
     def wire(self, demo: gr.Blocks, tab: Any) -> None:
         """Attach the events, hidden from the public API; ``tab`` is the Sessions tab (refreshed
@@ -438,7 +438,8 @@ class SessionsView:
             return self._warn(str(e)) + keep
 
     def on_export(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
-        """Write the selected session as a JSON file to download (removed a minute later)."""
+        """A download link for the selected session's export (streamed from the store when
+        clicked, for the next ten minutes; nothing is written to disk)."""
         from playground.store import default_store
 
         def refuse(msg: str) -> list[Any]:
@@ -451,11 +452,14 @@ class SessionsView:
             store = default_store()
             if not may_read_in_tab(store.session_owner(str(sid)), owner_key, open_sid, str(sid)):
                 raise PlaygroundError("only sessions made in this browser, or open in it, can be exported here")
-            data = store.export_session(str(sid))
+            title = store.session_summary(str(sid))["title"]
         except PlaygroundError as e:
             return refuse(str(e))
-        path = self.exports.write(data, _safe_filename(data.get("title") or "session"))
-        return [gr.update(value=path, visible=True), status_html("Exported — download the file below.", "ok")]
+        name = _safe_filename(title or "session")
+        token = self.exports.issue(str(sid), name)
+        link = (f'<a class="pg-export-link" href="{EXPORT_ROUTE}/{token}" download="{esc(name)}">'
+                f'⇩ Download {esc(name)}</a>')
+        return [gr.update(value=link, visible=True), status_html("Exported — download the file below.", "ok")]
 
     def on_import(self, data: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
         """Store an uploaded export as a new session of this browser's (validated; nothing
