@@ -233,9 +233,13 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
     for pos in range(ctx.max_new_tokens):
         ctx.check_cancel()
         cev: dict[str, Any] | None = None
+        pre: list[dict[str, Any]] = []
         if row is not None:
-            # the constraint acts before the picker's chain: it sees only the allowed tokens
-            masked, cev = row.apply(logits)
+            # the constraint acts before the picker's chain: it sees only the allowed tokens;
+            # its stages open the step's chain evidence (with the draw's noise where the
+            # decoder draws by Gumbel-max: its ``coupling`` knob says so)
+            noise = ctx.gumbel(pos, logits.numel()) if ctx.params.get("coupling") == "gumbel" else None
+            masked, cev = row.apply(logits, pre, noise)
             final, tok = pick(masked, pos, out)
         else:
             final, tok = pick(logits, pos, out)
@@ -243,6 +247,8 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
         ev: dict[str, Any] = {"dist": dist_evidence(ctx.target, logits, final, tok, ctx.top_k_evidence)}
         if cev is not None:
             ev["constraint"] = cev
+        if pre:
+            ev["chain"] = pre
         if pos in ctx.force:
             # a branch's forced token: the step keeps the model's distribution and what it picked
             ev["forced"] = [{"position": pos, "token": tok, "picked": picked}]

@@ -599,6 +599,55 @@ class ChainParams(Params):
 
 
 EMPTIED_NOTE = "removed every token; kept the most probable one still live"
+STAGE_TOP = 8  # removed and kept tokens each stage records (traces are stored and streamed)
+
+
+def _p(x: float) -> float:
+    """A probability for the trace: four significant digits, so a tail token never reads as 0."""
+    return float(f"{x:.4g}")
+
+
+def _top_pairs(probs: torch.Tensor, sel: torch.Tensor, k: int) -> list[list[Any]]:
+    """``[[id, p], ...]``: the ``k`` most probable tokens of ``sel`` (ties by lower id)."""
+    n = min(k, int(sel.sum()))
+    if n <= 0:
+        return []
+    q = torch.where(sel, probs, torch.full_like(probs, -1.0))
+    ids = torch.topk(q, n).indices.tolist()
+    return [[int(t), _p(float(probs[t]))] for t in ids]
+
+
+def gumbel_pick(logits: torch.Tensor, noise: torch.Tensor) -> int:
+    """The Gumbel-max draw from ``softmax(logits)`` with ``noise``: ``argmax(logits + noise)``
+    over the tokens of non-zero probability (the rule :func:`decoders.ar.draw` applies)."""
+    x = logits.detach().double().cpu()
+    live = torch.softmax(x, -1) > 0
+    scores = torch.where(live, x, torch.full_like(x, NEG_INF))
+    return int(torch.argmax(scores + noise.detach().double().cpu()[: x.numel()]))
+
+
+def stage_cut(before: torch.Tensor, after: torch.Tensor, k: int = STAGE_TOP,
+              noise: torch.Tensor | None = None) -> dict[str, Any]:
+    """What one stage did to the distribution entering it (``before`` -> ``after``, 1-D logits).
+
+    ``removed``: tokens live before (finite logit) and removed after; ``top_removed`` the
+    ``k`` most probable of them and ``top_kept`` the ``k`` most probable survivors, each as
+    ``[[id, p], ...]`` with ``p`` the probability *entering* the stage (the cut is drawn
+    from these). With Gumbel ``noise`` (the run's, for this position): ``gumbel_in`` /
+    ``gumbel_out``, ``[id, p]``: the token the noise draws from the distribution entering /
+    leaving the stage, with its probability entering it, so a reader sees which stage moved
+    the draw (and what the token plain sampling drew was worth).
+    """
+    probs = torch.softmax(before.float(), -1)
+    live_in, live_out = torch.isfinite(before), torch.isfinite(after)
+    cut = live_in & ~live_out
+    out: dict[str, Any] = {"removed": int(cut.sum()), "top_removed": _top_pairs(probs, cut, k),
+                           "top_kept": _top_pairs(probs, live_in & live_out, k)}
+    if noise is not None:
+        for key, logits in (("gumbel_in", before), ("gumbel_out", after)):
+            t = gumbel_pick(logits, noise)
+            out[key] = [t, _p(float(probs[t]))]
+    return out
 
 
 def _sane(logits: torch.Tensor) -> torch.Tensor:
@@ -626,9 +675,10 @@ class Chain:
         self.emptied: list[str] = []
 
     def __call__(self, logits: torch.Tensor, h: History,
-                 stages: list[dict[str, Any]] | None = None) -> torch.Tensor:
+                 stages: list[dict[str, Any]] | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
         """Processed logits (at least one finite). With ``stages`` given, append per-stage
-        evidence to it."""
+        evidence to it: kept count and mass, and :func:`stage_cut` (what the stage removed,
+        and with the run's Gumbel ``noise`` where the draw moved)."""
         out = _sane(logits.float())
         if not bool(torch.isfinite(out).any()):
             raise PlaygroundError("the model returned no finite logits for this position")
@@ -648,7 +698,7 @@ class Chain:
                 self.emptied.append(proc.label)
             if stages is not None:
                 stage = {"stage": label, "kept": int(kept.sum()),
-                         "kept_mass": round(float(raw[kept].sum()), 6)}
+                         "kept_mass": round(float(raw[kept].sum()), 6), **stage_cut(before, out, noise=noise)}
                 if emptied:
                     stage.update(emptied=True, note=EMPTIED_NOTE)
                 stages.append(stage)
@@ -719,7 +769,7 @@ def build_chain(knobs: dict[str, Any], tokenizer: Any = None, vocab_size: int = 
 __all__ = [
     "Breakers", "CHAIN_DEFAULTS", "Chain", "ChainParams", "DEFAULT_ORDER", "DRY", "Epsilon", "Eta",
     "FrequencyPenalty", "History", "MinP", "Mirostat", "NoRepeatNGram", "ORDER_ITEMS",
-    "PresencePenalty", "Processor", "RepetitionPenalty", "Temperature", "TopK", "TopNSigma",
+    "PresencePenalty", "Processor", "RepetitionPenalty", "STAGE_TOP", "Temperature", "TopK", "TopNSigma",
     "TopP", "Typical", "XTC", "active_items", "breaker_sequences", "build_chain", "chain_params",
-    "check_chain",
+    "check_chain", "gumbel_pick", "stage_cut",
 ]

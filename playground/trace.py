@@ -36,7 +36,9 @@ class StepKind:
 # new kind declares it with declare_step_kind (the catalogue, the validator and replays read it).
 STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
     StepKind("token", "per-step distribution (top-K raw vs final probabilities, chosen token and rank, "
-                      "entropy, kept mass)", ("top_ids", "chosen", "token")),
+                      "entropy, kept mass)", ("top_ids", "chosen", "token",
+                                              # the sampler chain's stages ([id, p] pairs)
+                                              "top_removed", "top_kept", "gumbel_in", "gumbel_out")),
     StepKind("draft", "the draft tree of every step (q, p, acceptance probability, accepted path, correction "
                       "or bonus token, source)", ("token", "correction", "top_ids", "chosen")),
     StepKind("denoise", "the canvas at every step (which positions were unmasked, confidence, entropy and "
