@@ -16,7 +16,8 @@ from playground.errors import Cancelled, PlaygroundError
 from playground.models import ModelHandle, load_model, token_pieces
 from playground.models.chat import check_chat
 from playground.settings import limits
-from playground.trace import Step, Trace, TraceRecorder, committed_count, token_id_keys
+from playground.trace import (Step, Trace, TraceRecorder, acceptance_by_position, committed_count,
+                              token_id_keys)
 from playground.watch import resolve_watch
 
 
@@ -123,6 +124,10 @@ class Run:
         out = list(out)[: max(self.ctx.max_new_tokens, 0)] if self.decoder.kind == "causal" else list(out)
         text = self.ctx.target.decode(out)
         stats = dict(self.decoder.extra_stats)
+        trees = [s.evidence["tree"] for s in self.trace.steps
+                 if s.kind == "draft" and isinstance(s.evidence.get("tree"), dict)]
+        if trees:
+            stats["acceptance_by_position"] = acceptance_by_position(trees)
         if self.error:
             stats["error"] = self.error
         self.recorder.finish(out, text, reason, **stats)
