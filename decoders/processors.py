@@ -599,7 +599,7 @@ class ChainParams(Params):
 
 
 EMPTIED_NOTE = "removed every token; kept the most probable one still live"
-STAGE_TOP = 8  # removed and kept tokens each stage records (traces are stored and streamed)
+STAGE_TOP = 6  # removed and kept tokens each stage records (traces are stored and streamed)
 
 
 def _p(x: float) -> float:

@@ -227,3 +227,13 @@ def test_the_truncation_preset_has_a_lane_in_another_order():
     assert [st["stage"].split("(")[0] for st in flipped["steps"][0]["chain"]] == ["top_p", "top_k"]
     assert [st["stage"].split("(")[0] for st in default["steps"][0]["chain"]] == ["top_k", "top_p"]
     assert flipped["output_ids"] != default["output_ids"]  # the order matters on this preset
+
+
+def test_a_crowded_step_gives_the_constraint_slot_to_the_chain_which_holds_its_stage():
+    tr = playground.generate(model=MODEL, decoder="top_p", prompt=PROMPT, max_new_tokens=2, p=0.9,
+                             logit_lens=True, regex="[A-Za-z ,]+")
+    titles = [t for t, _ in visualizers.step_figures(tr, 1)]
+    assert titles == ["Distribution", "Logit lens", "Sampler chain"]
+    assert tr["steps"][1]["chain"][0]["stage"] == "constraint(regex)"
+    plain = playground.generate(model=MODEL, decoder="greedy", prompt=PROMPT, max_new_tokens=2, regex="[A-Za-z ,]+")
+    assert [t for t, _ in visualizers.step_figures(plain, 1)] == ["Distribution", "Constraint", "Sampler chain"]
