@@ -113,8 +113,9 @@ def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _watch(args: argparse.Namespace) -> list[str]:
-    """The --watch items (each flag may hold several, comma-separated)."""
-    return [w.strip() for flag in args.watch for w in flag.split(",") if w.strip()]
+    """The --watch items (each flag may hold several, comma-separated; spaces are kept, they
+    change the token: " the" is the word inside a line)."""
+    return [w for flag in args.watch for w in flag.split(",") if w.strip()]
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -6,9 +6,10 @@ evidence, :func:`decoders.ar.watch_evidence`), and the trace keeps the resolved 
 ``watch`` so a replay can label the plot without a tokenizer.
 
 Items: an int is a token id; a string ``"#42"`` is token id 42; any other string is text,
-tokenized as given (``" Romeo"`` with its leading space is usually the token inside a line,
-``"Romeo"`` the one after a newline). Text that is several tokens watches its first token and
-says so in the entry's ``note``. A string holding several items separates them by commas.
+tokenized as given, spaces included (``" Romeo"`` with its leading space is usually the token
+inside a line, ``"Romeo"`` the one after a newline). Text that is several tokens watches its
+first token and says so in the entry's ``note``. A string holding several items separates them
+by commas (``"Juliet, Romeo"`` watches ``"Juliet"`` and ``" Romeo"``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def watch_items(watch: Any) -> list[int | str]:
     if watch is None:
         return []
     if isinstance(watch, str):
-        return [w for w in (part.strip() for part in watch.split(",")) if w]
+        return [w for w in watch.split(",") if w.strip()]
     if not isinstance(watch, (list, tuple)):
         raise PlaygroundError(f"watch must be a list of words or token ids, got {type(watch).__name__}")
     out: list[int | str] = []
@@ -48,8 +49,8 @@ def resolve_watch(handle: Any, watch: Any) -> list[dict[str, Any]]:
     seen: set[int] = set()
     for item in watch_items(watch):
         note = ""
-        if isinstance(item, int) or re.fullmatch(r"#\d+", item):
-            tid = int(item) if isinstance(item, int) else int(item[1:])
+        if isinstance(item, int) or re.fullmatch(r"\s*#\d+\s*", item):
+            tid = int(item) if isinstance(item, int) else int(item.strip()[1:])
             if not 0 <= tid < vocab:
                 raise PlaygroundError(f"watch: token id {tid} is outside the vocabulary (size {vocab})")
             word = handle.tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)

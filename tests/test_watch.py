@@ -100,12 +100,14 @@ def test_compare_and_the_cli_take_watch():
                                prompt=PROMPT, max_new_tokens=3, watch="Juliet, #14")
     assert all([e["token"] for e in t["watch"]][1] == 14 and all("14" in s["watch"] for s in t["steps"])
                for t in lanes)
+    assert lanes[0]["watch"][0]["word"] == "Juliet"
     out = io.StringIO()
     with redirect_stdout(out):
         assert cli_main(["generate", "--model", MODEL, "--prompt", PROMPT, "--max-new-tokens", "2",
                          "--watch", " the,#14", "--watch", "Juliet", "--json"]) == 0
     tr = json.loads(out.getvalue())
-    assert [e["token"] for e in tr["watch"]][1:] == [14, tr["watch"][2]["token"]]
+    the = load_model(MODEL).tokenizer.encode(" the", add_special_tokens=False)
+    assert [e["token"] for e in tr["watch"]][:2] == [the[0], 14] and tr["watch"][0]["word"] == " the"
     assert all(len(s["watch"]) == 3 for s in tr["steps"])
 
 
