@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from decoders.base import Bool, Param, PlaygroundError, Text
-from decoders.processors import stage_cut
+from decoders.processors import gumbel_pick, stage_cut
 
 GRAMMAR_KNOBS = ("regex", "json_schema", "grammar")
 WORD_KNOBS = ("logit_bias", "bad_words")
@@ -403,10 +403,13 @@ class Row:
         what = [self.stage.knob] if self.stage.knob else []
         what += (["bad_words"] if self.stage.bad else []) + (["token_healing"] if self.stage.heal_mask is not None else [])
         steps.append((f"constraint({', '.join(what)})", biased, masked))
+        pick = gumbel_pick(raw, noise) if noise is not None else None
         for name, before, after in steps:
             kept = torch.isfinite(after)
+            nxt = gumbel_pick(after, noise) if noise is not None else None
             stages.append({"stage": name, "kept": int(kept.sum()), "kept_mass": round(float(p_raw[kept].sum()), 6),
-                           **stage_cut(before, after, noise=noise)})
+                           **stage_cut(before, after, picks=None if noise is None else (pick, nxt))})
+            pick = nxt
 
     def evidence(self, logits: torch.Tensor, ok: torch.Tensor) -> dict[str, Any]:
         """Allowed count, removed mass and the top allowed/blocked tokens under ``softmax(logits)``."""
