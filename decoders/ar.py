@@ -155,6 +155,27 @@ def dist_evidence(view: Any, raw_logits: torch.Tensor, final_probs: torch.Tensor
     }
 
 
+def watch_evidence(raw_logits: torch.Tensor, final_probs: torch.Tensor, ids: Sequence[int]) -> dict[str, Any]:
+    """The ``watch`` field of a token step: for each watched token id (the run's ``watch``
+    list), its probability under the model (``raw_p``), after the decoder's rule
+    (``final_p``) and its raw rank (``raw_rank``: tokens strictly more probable, 0 = top, as
+    :func:`dist_evidence` counts it), however far outside the top-K it is. Keyed by the id as
+    text (JSON object keys); probabilities to four significant digits."""
+    raw = torch.softmax(raw_logits.detach().float().cpu().reshape(-1), -1)
+    final = final_probs.detach().float().cpu().reshape(-1)
+    out: dict[str, Any] = {}
+    for t in ids:
+        if 0 <= int(t) < raw.numel():
+            out[str(int(t))] = {"raw_p": float(f"{float(raw[t]):.4g}"), "final_p": float(f"{float(final[t]):.4g}"),
+                                "raw_rank": int((raw > raw[t]).sum())}
+    return out
+
+
+def watch_field(ctx: Context, raw_logits: torch.Tensor, final_probs: torch.Tensor) -> dict[str, Any]:
+    """``{"watch": watch_evidence(...)}`` for a step's evidence when the run watches tokens, else ``{}``."""
+    return {"watch": watch_evidence(raw_logits, final_probs, ctx.watch)} if ctx.watch else {}
+
+
 def view_token(view: Any, token_id: int) -> str:
     """Display text of one token, cached per tokenizer."""
     tok = view.tokenizer
@@ -233,9 +254,13 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
     for pos in range(ctx.max_new_tokens):
         ctx.check_cancel()
         cev: dict[str, Any] | None = None
+        pre: list[dict[str, Any]] = []
         if row is not None:
-            # the constraint acts before the picker's chain: it sees only the allowed tokens
-            masked, cev = row.apply(logits)
+            # the constraint acts before the picker's chain: it sees only the allowed tokens;
+            # its stages open the step's chain evidence (with the draw's noise where the
+            # decoder draws by Gumbel-max: its ``coupling`` knob says so)
+            noise = ctx.gumbel(pos, logits.numel()) if ctx.params.get("coupling") == "gumbel" else None
+            masked, cev = row.apply(logits, pre, noise)
             final, tok = pick(masked, pos, out)
         else:
             final, tok = pick(logits, pos, out)
@@ -243,6 +268,9 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
         ev: dict[str, Any] = {"dist": dist_evidence(ctx.target, logits, final, tok, ctx.top_k_evidence)}
         if cev is not None:
             ev["constraint"] = cev
+        if pre:
+            ev["chain"] = pre
+        ev.update(watch_field(ctx, logits, final))
         if pos in ctx.force:
             # a branch's forced token: the step keeps the model's distribution and what it picked
             ev["forced"] = [{"position": pos, "token": tok, "picked": picked}]

@@ -229,6 +229,8 @@ class Context:
     cancel: threading.Event = field(default_factory=threading.Event)
     # forced tokens {position: token_id} that token_loop commits instead of its pick (playground/force.py)
     force: dict[int, int] = field(default_factory=dict)
+    # watched token ids (the run's ``watch`` list, resolved): token steps record their probabilities
+    watch: tuple[int, ...] = ()
 
     def _rng(self, index: int, stream: str) -> np.random.Generator:
         return np.random.default_rng([self.seed & 0xFFFFFFFF, zlib.crc32(stream.encode()), int(index)])

@@ -599,6 +599,69 @@ class ChainParams(Params):
 
 
 EMPTIED_NOTE = "removed every token; kept the most probable one still live"
+STAGE_TOP = 6  # removed and kept tokens each stage records (traces are stored and streamed)
+
+
+def _p(x: float) -> float:
+    """A probability for the trace: four significant digits, so a tail token never reads as 0."""
+    return float(f"{x:.4g}")
+
+
+def _top_pairs(logits: torch.Tensor, lse: torch.Tensor, sel: torch.Tensor, n: int, k: int) -> list[list[Any]]:
+    """``[[id, p], ...]``: the ``k`` most probable of the ``n`` tokens of ``sel`` under
+    ``softmax(logits)`` (``lse`` its log-normaliser); probability is monotone in the logit, so
+    the top logits are taken and only their probabilities computed."""
+    m = min(k, n)
+    if m <= 0:
+        return []
+    # tokens outside sel, and tokens already removed (-inf), never come out on top
+    ids = torch.topk(logits.masked_fill(~sel, NEG_INF), m).indices
+    ps = torch.exp(logits[ids].float() - lse).tolist()
+    return [[int(t), _p(p)] for t, p in zip(ids.tolist(), ps)]
+
+
+def gumbel_pick(logits: torch.Tensor, noise: torch.Tensor) -> int:
+    """The Gumbel-max draw from ``softmax(logits)`` with ``noise``: ``argmax(logits + noise)``
+    over the tokens whose float32 probability is non-zero (the rule :func:`decoders.ar.draw`
+    applies to the final distribution)."""
+    x = logits.detach().cpu()
+    noise = noise.detach().double().cpu()[: x.numel()]
+    t = int(torch.argmax(x.double() + noise))
+    # a winner whose probability underflows to 0 is rare (its logit ~100 below the top's): only
+    # then is the whole distribution computed, as draw computes it
+    if float(torch.exp(x[t].float() - torch.logsumexp(x.float(), -1))) > 0:
+        return t
+    live = torch.softmax(x.float(), -1) > 0
+    return int(torch.argmax(torch.where(live, x.double(), torch.full_like(noise, NEG_INF)) + noise))
+
+
+def stage_cut(before: torch.Tensor, after: torch.Tensor, k: int = STAGE_TOP,
+              picks: tuple[int, int] | None = None) -> dict[str, Any]:
+    """What one stage did to the distribution entering it (``before`` -> ``after``, 1-D logits).
+
+    ``removed``: tokens live before (finite logit) and removed after; ``top_removed`` the
+    ``k`` most probable of them and ``top_kept`` the ``k`` most probable survivors, each as
+    ``[[id, p], ...]`` with ``p`` the probability *entering* the stage (the cut is drawn
+    from these). With ``picks`` (the :func:`gumbel_pick` of ``before`` and of ``after`` under
+    the run's noise for this position; a chain computes each once, as stage j's ``after`` is
+    stage j+1's ``before``): ``gumbel_in`` / ``gumbel_out``, ``[id, p]``: the token the noise
+    draws from the distribution entering / leaving the stage, with its probability entering
+    it, so a reader sees which stage moved the draw (and what plain sampling's token was worth).
+    """
+    x = before.float()
+    lse = torch.logsumexp(x, -1)
+    # The chain's logits are sane (no NaN, no +inf) and a rule never revives a removed token
+    # (every rule maps -inf to -inf), so the survivors are the live tokens after the stage and
+    # the removed ones are live before but not after: two masks, each drawn from directly.
+    live_out = after > NEG_INF
+    n_out = int(live_out.sum())
+    n_cut = int((x > NEG_INF).sum()) - n_out
+    out: dict[str, Any] = {"removed": n_cut, "top_removed": _top_pairs(x, lse, ~live_out, n_cut, k),
+                           "top_kept": _top_pairs(x, lse, live_out, n_out, k)}
+    if picks is not None:
+        for key, t in zip(("gumbel_in", "gumbel_out"), picks):
+            out[key] = [int(t), _p(float(torch.exp(x[int(t)] - lse)))]
+    return out
 
 
 def _sane(logits: torch.Tensor) -> torch.Tensor:
@@ -626,13 +689,15 @@ class Chain:
         self.emptied: list[str] = []
 
     def __call__(self, logits: torch.Tensor, h: History,
-                 stages: list[dict[str, Any]] | None = None) -> torch.Tensor:
+                 stages: list[dict[str, Any]] | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
         """Processed logits (at least one finite). With ``stages`` given, append per-stage
-        evidence to it."""
+        evidence to it: kept count and mass, and :func:`stage_cut` (what the stage removed,
+        and with the run's Gumbel ``noise`` where the draw moved)."""
         out = _sane(logits.float())
         if not bool(torch.isfinite(out).any()):
             raise PlaygroundError("the model returned no finite logits for this position")
         raw = torch.softmax(out, -1) if stages is not None else None
+        pick = gumbel_pick(out, noise) if stages is not None and noise is not None else None
         self.emptied = []
         for proc in self.processors:
             label = proc.label if stages is not None else ""
@@ -647,8 +712,11 @@ class Chain:
                 kept = torch.isfinite(out)
                 self.emptied.append(proc.label)
             if stages is not None:
+                nxt = gumbel_pick(out, noise) if pick is not None else None  # pick: noise was given
+                picks = (pick, nxt) if pick is not None and nxt is not None else None
                 stage = {"stage": label, "kept": int(kept.sum()),
-                         "kept_mass": round(float(raw[kept].sum()), 6)}
+                         "kept_mass": round(float(raw[kept].sum()), 6), **stage_cut(before, out, picks=picks)}
+                pick = nxt
                 if emptied:
                     stage.update(emptied=True, note=EMPTIED_NOTE)
                 stages.append(stage)
@@ -719,7 +787,7 @@ def build_chain(knobs: dict[str, Any], tokenizer: Any = None, vocab_size: int = 
 __all__ = [
     "Breakers", "CHAIN_DEFAULTS", "Chain", "ChainParams", "DEFAULT_ORDER", "DRY", "Epsilon", "Eta",
     "FrequencyPenalty", "History", "MinP", "Mirostat", "NoRepeatNGram", "ORDER_ITEMS",
-    "PresencePenalty", "Processor", "RepetitionPenalty", "Temperature", "TopK", "TopNSigma",
+    "PresencePenalty", "Processor", "RepetitionPenalty", "STAGE_TOP", "Temperature", "TopK", "TopNSigma",
     "TopP", "Typical", "XTC", "active_items", "breaker_sequences", "build_chain", "chain_params",
-    "check_chain",
+    "check_chain", "gumbel_pick", "stage_cut",
 ]

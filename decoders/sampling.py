@@ -85,7 +85,9 @@ def chain_picker(ctx: Context, chain: Chain, stages_out: list[list[dict[str, Any
     def pick(logits: torch.Tensor, pos: int, out: list[int]) -> tuple[torch.Tensor, int]:
         h = History(ids=prompt + out, prompt_len=len(prompt), pos=pos, uniform=ctx.uniform)
         stages: list[dict[str, Any]] = []
-        processed = chain(logits, h, stages)
+        # the draw's own noise, so each stage's evidence says where it would put the draw
+        noise = ctx.gumbel(pos, logits.numel()) if how == "gumbel" else None
+        processed = chain(logits, h, stages, noise)
         final = torch.softmax(processed, -1)
         tok = draw(ctx, pos, final, processed, how)
         chain.observe(tok, final)
@@ -111,7 +113,8 @@ class ChainDecoder(Decoder):
         self.extra_stats["chain"] = chain.labels
         stages: list[list[dict[str, Any]]] = [[]]
         for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
-            step.evidence["chain"] = stages[0]
+            # the constraint's stages (token_loop's, before the chain) come first
+            step.evidence["chain"] = step.evidence.get("chain", []) + stages[0]
             emptied = [st["stage"] for st in stages[0] if st.get("emptied")]
             if emptied:
                 step.evidence["dist"]["note"] = (f"{', '.join(emptied)} removed every token; "

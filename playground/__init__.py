@@ -27,4 +27,11 @@ def compare(*args, **kwargs):  # type: ignore[no-untyped-def]
     return _compare(*args, **kwargs)
 
 
-__all__ = ["PlaygroundError", "compare", "generate", "__version__"]
+def attribute(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Attribute a step's token to its context; see :func:`playground.attribution.attribute`."""
+    from playground.attribution import attribute as _attribute
+
+    return _attribute(*args, **kwargs)
+
+
+__all__ = ["PlaygroundError", "attribute", "compare", "generate", "__version__"]

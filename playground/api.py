@@ -26,7 +26,7 @@ MAX_JSON_CHARS = 100_000  # knobs or lanes as JSON text: a few hundred character
 def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, seed: int = 0,
              draft: str | None = None, stop: list[str] | None = None, chat: bool = False,
              force: Any = None, system_prompt: str | None = None, trust_remote_code: bool = False,
-             **params: Any) -> dict[str, Any]:
+             watch: Any = None, **params: Any) -> dict[str, Any]:
     """Run one decoder and return its trace as a JSON-ready dict (the CLI's ``--json``).
 
     Models are loaded once and cached in the process. Knobs go in ``params`` by name, e.g.
@@ -34,14 +34,15 @@ def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, se
     ``force=[[5, 1234]]`` makes the run emit token 1234 as its 6th generated token (a branch).
     ``chat=True`` (with an optional ``system_prompt``) sends the prompt through the model's chat
     template; ``trust_remote_code=True`` lets a model's own code run (LLaDA, Dream) where
-    :func:`remote_code_allowed`.
+    :func:`remote_code_allowed`. ``watch=["Romeo", "#42"]``: every token step records these
+    tokens' probabilities (see ``playground/watch.py``).
     Bad input raises :class:`playground.PlaygroundError` with a one-line message.
     """
     from playground.engine import prepare
 
     run = prepare(model=model, decoder=decoder, prompt=prompt, max_new_tokens=max_new_tokens,
                   seed=seed, draft=draft, params=params, stop=stop, chat=chat, force=force,
-                  system_prompt=system_prompt, trust_remote_code=trust_remote_code)
+                  system_prompt=system_prompt, trust_remote_code=trust_remote_code, watch=watch)
     return run.finish().to_dict()
 
 
@@ -221,15 +222,16 @@ def plan_compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, 
                        preset=p.get("name") if p else None, title=p.get("title") if p else None)
 
 
-def prepare_lanes(plan: ComparePlan, load_kwargs: dict[str, Any] | None = None) -> list[Any]:
+def prepare_lanes(plan: ComparePlan, load_kwargs: dict[str, Any] | None = None, watch: Any = None) -> list[Any]:
     """Prepare every lane's :class:`~playground.engine.Run`, refusing the whole comparison
-    with ``lane N: <reason>`` at the first lane that cannot run (nothing has run yet)."""
+    with ``lane N: <reason>`` at the first lane that cannot run (nothing has run yet).
+    ``watch``: the tokens every lane watches (as :func:`generate`)."""
     from playground.engine import prepare
 
     runs = []
     for j, req in enumerate(plan.requests(), start=1):
         try:
-            runs.append(prepare(**req, load_kwargs=load_kwargs))
+            runs.append(prepare(**req, load_kwargs=load_kwargs, watch=watch))
         except PlaygroundError as e:
             raise PlaygroundError(f"lane {j} ({req['decoder']}): {e}") from None
     return runs
@@ -238,9 +240,9 @@ def prepare_lanes(plan: ComparePlan, load_kwargs: dict[str, Any] | None = None) 
 def compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, *, model: str | None = None,
             prompt: str | None = None, seed: int | None = None, max_new_tokens: int | None = None,
             policy: str | None = None, chat: bool | None = None, system_prompt: str | None = None,
-            trust_remote_code: bool = False) -> list[dict[str, Any]]:
+            trust_remote_code: bool = False, watch: Any = None) -> list[dict[str, Any]]:
     """Run every lane of a comparison (a preset name or dict, and/or lanes) and return their
-    traces; arguments as :func:`plan_compare`, and ``trust_remote_code`` as :func:`generate`.
+    traces; arguments as :func:`plan_compare`, and ``trust_remote_code``/``watch`` as :func:`generate`.
     Lanes run one after another; each lane's output does not depend on the others, so it
     equals the page's lockstep race."""
     plan = plan_compare(preset, lanes, model=model, prompt=prompt, seed=seed, max_new_tokens=max_new_tokens,
@@ -248,4 +250,4 @@ def compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, *, mo
     if not isinstance(trust_remote_code, bool):
         raise PlaygroundError(f"trust_remote_code must be true or false, got {trust_remote_code!r}")
     load = {"trust_remote_code": True} if trust_remote_code else None
-    return [run.finish().to_dict() for run in prepare_lanes(plan, load_kwargs=load)]
+    return [run.finish().to_dict() for run in prepare_lanes(plan, load_kwargs=load, watch=watch)]

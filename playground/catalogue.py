@@ -120,7 +120,13 @@ def knob_groups() -> list[tuple[str, str, dict[str, dict[str, Any]]]]:
          "top-nσ, top-k, typical, top-p, min-p, ε, η, XTC, temperature and mirostat, applied in `order`. Each rule "
          "is off at its default. The speculative decoders apply the same chain to the draft and the target "
          "(without mirostat, with their own temperature default). A chain never empties: if a rule would remove "
-         "every token, the most probable live one is kept and the step says so.",
+         "every token, the most probable live one is kept and the step says so. Each step records the chain stage by "
+         "stage in the order applied (the constraint's `logit_bias` and mask first): what each stage removed "
+         "(`removed`, the most probable removed and kept tokens with their probability entering it) and, under "
+         "Gumbel coupling, the token the run's noise draws entering and leaving it, so the *Sampler chain* plot "
+         "shows which rule removed the token plain sampling would have drawn. Order matters (top-k then top-p "
+         "measures top-p's mass on what top-k left): the `truncation-samplers` preset's last lane runs "
+         "`top_p,top_k`.",
          spec(chain_params())),
         ("Acceptance rules",
          "How a draft-based decoder decides which drafted tokens stand. `strict` is speculative sampling's rule and "

@@ -49,6 +49,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true",
                    help="send the prompt through the model's chat template (instruct models), in every lane")
     p.add_argument("--system-prompt", default=None, help="a system turn before the prompt (needs --chat)")
+    p.add_argument("--watch", action="append", default=[], metavar="WORD|#ID",
+                   help="record this token's probability and rank at every step (word or #token_id; "
+                        "repeatable, or comma-separated)")
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -89,6 +92,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         ("sessions", "playground.sessions_cli", "stored sessions: list, export, import, delete"),
         ("watermark-detect", "playground.watermark_cli", "z-score of a green-list watermark in a text"),
         ("study", "playground.study", "run a comparison over a prompt set; aggregate per lane"),
+        ("attribute", "playground.attribution", "which context tokens drove a step's token (IG, gradient x input)"),
     ):
         sp = sub.add_parser(name, help=help_)
         sp.set_defaults(_module=module)
@@ -108,6 +112,12 @@ def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "device_map": args.device_map, "trust_remote_code": args.trust_remote_code}
 
 
+def _watch(args: argparse.Namespace) -> list[str]:
+    """The --watch items (each flag may hold several, comma-separated; spaces are kept, they
+    change the token: " the" is the word inside a line)."""
+    return [w for flag in args.watch for w in flag.split(",") if w.strip()]
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from playground.engine import prepare
 
@@ -118,7 +128,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                   max_new_tokens=64 if args.max_new_tokens is None else args.max_new_tokens,
                   seed=0 if args.seed is None else args.seed, draft=args.draft, params=params,
                   stop=args.stop, chat=args.chat, system_prompt=args.system_prompt,
-                  load_kwargs=_load_kwargs(args), force=args.force)
+                  load_kwargs=_load_kwargs(args), force=args.force, watch=_watch(args))
     trace = run.finish()
     if args.json:
         print(trace.to_json())
@@ -137,7 +147,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     plan = plan_compare(args.preset, model=args.model, prompt=args.prompt, seed=args.seed,
                         max_new_tokens=args.max_new_tokens, chat=True if args.chat else None,
                         system_prompt=args.system_prompt)
-    traces = [run.finish() for run in prepare_lanes(plan, load_kwargs=_load_kwargs(args))]
+    traces = [run.finish() for run in prepare_lanes(plan, load_kwargs=_load_kwargs(args), watch=_watch(args))]
     if args.json:
         print(json.dumps([t.to_dict() for t in traces], ensure_ascii=False))
     else:

@@ -17,7 +17,9 @@ from playground.errors import Cancelled, PlaygroundError
 from playground.models import ModelHandle, load_model, token_pieces
 from playground.models.chat import check_chat
 from playground.settings import limits
-from playground.trace import Step, Trace, TraceRecorder, committed_count, token_id_keys
+from playground.trace import (Step, Trace, TraceRecorder, acceptance_by_position, committed_count,
+                              token_id_keys)
+from playground.watch import resolve_watch
 
 
 class Run:
@@ -123,6 +125,10 @@ class Run:
         out = list(out)[: max(self.ctx.max_new_tokens, 0)] if self.decoder.kind == "causal" else list(out)
         text = self.ctx.target.decode(out)
         stats = dict(self.decoder.extra_stats)
+        trees = [s.evidence["tree"] for s in self.trace.steps
+                 if s.kind == "draft" and isinstance(s.evidence.get("tree"), dict)]
+        if trees:
+            stats["acceptance_by_position"] = acceptance_by_position(trees)
         if self.error:
             stats["error"] = self.error
         self.recorder.finish(out, text, reason, **stats)
@@ -216,7 +222,8 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
             seed: int = 0, draft: str | ModelHandle | None = None, params: dict[str, Any] | None = None,
             stop: list[str] | None = None, chat: bool = False, top_k_evidence: int = 20,
             cancel: threading.Event | None = None, load_kwargs: dict[str, Any] | None = None,
-            force: Any = None, system_prompt: str | None = None, trust_remote_code: bool = False) -> Run:
+            force: Any = None, system_prompt: str | None = None, trust_remote_code: bool = False,
+            watch: Any = None) -> Run:
     """Validate a request and build a :class:`Run` (models loaded or taken from the LRU).
 
     ``chat`` encodes the prompt as a user turn in the target model's chat template (after a
@@ -228,7 +235,8 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ``load_kwargs={"trust_remote_code": True}``.
 
     ``force``: ``[[position, token_id], ...]`` tokens the run must emit (a branch; see
-    ``playground/force.py``)."""
+    ``playground/force.py``). ``watch``: words or token ids whose probability every token step
+    records (``playground/watch.py``); the resolved list is the trace's ``watch``."""
     from playground import force as forcing
 
     _check_request_types(model, decoder, prompt, seed, draft, params, stop, system_prompt)
@@ -269,6 +277,7 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
                                   f"a draft must be {want}" + ("" if want == "causal" else f" for {decoder!r}"))
         if not same_tokenizer(handle, draft_handle):
             raise PlaygroundError(f"draft model {draft_handle.name!r} has a different tokenizer from {handle.name!r}")
+    watched = resolve_watch(handle, watch)
     prompt_ids = handle.encode(prompt, chat=chat, system_prompt=system_prompt) if prompt and prompt.strip() else []
     check_prompt(prompt, prompt_ids, handle, max_new_tokens, system_prompt)
     target_view = handle.view()
@@ -277,12 +286,14 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ctx = Context(target=target_view, draft=draft_view, prompt_ids=prompt_ids,
                   max_new_tokens=max_new_tokens, params=knobs, seed=int(seed),
                   stop_ids=stop_ids, stop_strings=list(stop or []), top_k_evidence=top_k_evidence,
-                  cancel=cancel)
+                  cancel=cancel, watch=tuple(e["token"] for e in watched))
     inst = cls()
     trace = Trace(model=handle.name, decoder=decoder, params=knobs, seed=int(seed), prompt=prompt,
                   prompt_ids=prompt_ids)
     if draft_handle is not None:
         trace.extra["draft"] = draft_handle.name
+    if watched:
+        trace.extra["watch"] = watched
     if chat:
         trace.extra["chat"] = True
         if system_prompt:

@@ -36,7 +36,9 @@ class StepKind:
 # new kind declares it with declare_step_kind (the catalogue, the validator and replays read it).
 STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
     StepKind("token", "per-step distribution (top-K raw vs final probabilities, chosen token and rank, "
-                      "entropy, kept mass)", ("top_ids", "chosen", "token")),
+                      "entropy, kept mass)", ("top_ids", "chosen", "token",
+                                              # the sampler chain's stages ([id, p] pairs)
+                                              "top_removed", "top_kept", "gumbel_in", "gumbel_out")),
     StepKind("draft", "the draft tree of every step (q, p, acceptance probability, accepted path, correction "
                       "or bonus token, source)", ("token", "correction", "top_ids", "chosen")),
     StepKind("denoise", "the canvas at every step (which positions were unmasked, confidence, entropy and "
@@ -328,3 +330,61 @@ class TraceRecorder:
             tr.stats["masked_positions"] = len(tr.output_ids) - n
         tr.stats.update(more)
         return tr
+
+
+# ---------------------------------------------------------------------- acceptance by draft position
+def draft_depths(nodes: Sequence[Any]) -> list[int]:
+    """The depth of each draft-tree node (1 = a child of the root), from the ``tree`` evidence's
+    ``nodes`` (``{"id", "parent", ...}``, parents listed before children; a parent missing from
+    the list counts as the root)."""
+    depth: dict[Any, int] = {}
+    out = []
+    for n in nodes:
+        d = depth.get(n.get("parent"), 0) + 1 if isinstance(n, dict) else 1
+        if isinstance(n, dict):
+            depth[n.get("id")] = d
+        out.append(d)
+    return out
+
+
+def acceptance_by_position(trees: Iterable[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The ``acceptance_by_position`` figure of a run's verifications (their ``tree`` evidence).
+
+    Index ``i`` (position ``i + 1`` of the draft): ``offered`` = verifications whose draft reached
+    that depth; ``accepted`` = verifications that accepted a token there (so that many accepted
+    at least ``i + 1`` tokens); ``drafted`` = draft nodes at that depth (a tree drafts several);
+    ``rate`` = accepted / offered. ``sum(accepted)`` is the run's ``accepted_tokens`` and
+    ``sum(drafted)`` its ``drafted_tokens``; for a chain draft ``offered == drafted``. Under
+    i.i.d. acceptance with per-token rate α, ``rate[i]`` is α^(i+1).
+    """
+    offered: list[int] = []
+    accepted: list[int] = []
+    drafted: list[int] = []
+    for tree in trees:
+        nodes = tree.get("nodes") if isinstance(tree.get("nodes"), list) else []
+        depths = draft_depths(nodes)
+        top = max(depths, default=0)
+        path = tree.get("accepted_path") if isinstance(tree.get("accepted_path"), list) else []
+        grow = max(top, len(path)) - len(offered)
+        if grow > 0:
+            for xs in (offered, accepted, drafted):
+                xs.extend([0] * grow)
+        for d in depths:
+            drafted[d - 1] += 1
+        for i in range(top):
+            offered[i] += 1
+        for i in range(len(path)):
+            accepted[i] += 1
+    rate = [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)]
+    return {"offered": offered, "accepted": accepted, "drafted": drafted, "rate": rate}
+
+
+def expected_tokens_per_verification(alpha: float, gamma: int) -> float:
+    """Tokens one verification commits in expectation when each of ``gamma`` drafted tokens is
+    accepted independently with probability ``alpha`` (Leviathan et al. 2023):
+    ``(1 - alpha^(gamma + 1)) / (1 - alpha)``, i.e. ``gamma + 1`` at ``alpha = 1``."""
+    if gamma <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return round((1.0 - alpha ** (gamma + 1)) / (1.0 - alpha), 4)

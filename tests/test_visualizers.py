@@ -432,7 +432,7 @@ def test_step_figures_follow_the_step_kind():
     assert [t for t, _ in V.step_figures(tr, 1)] == ["Draft tree"]
     assert [t for t, _ in V.step_figures(tr, 99)] == ["Draft tree"]  # clamped
     titles = [t for t, _ in V.run_figures(tr)]
-    assert titles == ["Entropy and probability", "Accepted length", "Acceptance over time"]
+    assert titles == ["Entropy and probability", "Accepted length", "Acceptance over time", "Acceptance by draft position"]
     d = denoise_trace()
     kinds = [(t, type(f).__name__) for t, f in V.step_figures(d, 0)]
     assert kinds == [("Canvas", "str"), ("Per-position metrics", "Figure")]

@@ -62,8 +62,9 @@ STEP_PLOTS: dict[str, list[tuple[str, Callable[[dict[str, Any], int], Plot], str
 }
 MAX_STEP_PLOTS = 3  # the page has this many slots per lane for step plots
 # When a step has more plots than slots, a plot gives its slot up to one that shows what it
-# shows and more: the paired distributions' first row is the model's own distribution.
-YIELDS_TO = {"Distribution": "Paired distributions"}
+# shows and more: the paired distributions' first row is the model's own distribution; the
+# sampler chain's first stages are the constraint's bias and mask, with its blocked and kept tokens.
+YIELDS_TO = {"Distribution": "Paired distributions", "Constraint": "Sampler chain"}
 # Plot functions that return HTML (their fallback on a bug is an HTML note, not a figure).
 HTML_PLOTS: set[Callable[..., Any]] = {canvas_html, candidates_html, watermark_tokens_html, draft_canvas_html}
 MAX_RUN_PLOTS = 4  # ... and this many for whole-run plots

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import torch
 
-from decoders.ar import dist_evidence
+from decoders.ar import dist_evidence, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.collab._common import argmax, check_small_model, entropy_nats, share
 from decoders.speculative.draft_model import DraftState, fit_logits
@@ -87,7 +87,7 @@ class EAD(Decoder):
             self.extra_stats.update(small_tokens=n_small, large_tokens=len(out) - n_small,
                                     small_share=share(n_small, len(out)), triggers=triggers)
             yield Step("token", [tok], dist=dist_evidence(view, logits, probs, tok, ctx.top_k_evidence),
-                       source=source, handover={"source": source, **ev})
+                       source=source, handover={"source": source, **ev}, **watch_field(ctx, logits, probs))
             reason = check_stop(ctx, out, ctx.target.decode)
             if reason:
                 self.finish_reason = reason

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from decoders.ar import dist_evidence
+from decoders.ar import dist_evidence, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.contrastive._common import rounded
 from decoders._cache import repeat_batch, select_rows
@@ -80,7 +80,7 @@ class ContrastiveSearch(Decoder):
             final = torch.zeros_like(logits, dtype=torch.float32)
             final[tok] = 1.0
             yield Step("token", [tok], dist=dist_evidence(view, logits, final, tok, ctx.top_k_evidence),
-                       candidates=table, penalty_alpha=alpha)
+                       candidates=table, penalty_alpha=alpha, **watch_field(ctx, logits, final))
             output.append(tok)
             reason = check_stop(ctx, output, view.decode)
             if reason:

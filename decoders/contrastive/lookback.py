@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 import torch
 
-from decoders.ar import dist_evidence, draw
+from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.contrastive._common import rounded
 from decoders._cache import repeat_batch, select_rows
@@ -128,7 +128,7 @@ class LookBack(Decoder):
                 final = torch.zeros_like(logp)
                 final[tok] = 1.0
             yield Step("token", [tok], dist=dist_evidence(view, logits, final.float(), tok, ctx.top_k_evidence),
-                       lookback=ev)
+                       lookback=ev, **watch_field(ctx, logits, final.float()))
             output.append(tok)
             history.append(logp)
             del history[:-window]  # only the window is ever compared

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from decoders.base import Bool, Param, PlaygroundError, Text
+from decoders.processors import gumbel_pick, stage_cut
 
 GRAMMAR_KNOBS = ("regex", "json_schema", "grammar")
 WORD_KNOBS = ("logit_bias", "bad_words")
@@ -365,13 +366,17 @@ class Row:
             ok[: hm.numel()] &= hm[:size]
         return ok
 
-    def apply(self, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def apply(self, logits: torch.Tensor, stages: list[dict[str, Any]] | None = None,
+              noise: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
         """Biased, masked logits (forbidden tokens ``-inf``) and the step's ``constraint`` evidence.
 
+        With ``stages`` given, appends the bias and the mask as sampler-chain stages (the
+        :func:`decoders.processors.stage_cut` evidence, ``noise`` as there), so the chain's
+        stage-by-stage evidence starts from the model's own distribution.
         Raises one PlaygroundError line when the constraint leaves no token at all (an
         unsatisfiable constraint ends the run at once, never loops).
         """
-        x = logits.detach().float().reshape(-1)
+        raw = x = logits.detach().float().reshape(-1)
         if self.stage.bias is not None:
             b = self.stage.bias
             x = x.clone()
@@ -384,7 +389,27 @@ class Row:
             raise PlaygroundError(f"the {what} constraint leaves no token of this model's vocabulary "
                                   f"after {len(self.ids)} generated token(s): it cannot be satisfied")
         masked = x.masked_fill(~ok, float("-inf"))
+        if stages is not None:
+            self._stages(raw, x, masked, stages, noise)
         return masked, self.evidence(x, ok)
+
+    def _stages(self, raw: torch.Tensor, biased: torch.Tensor, masked: torch.Tensor,
+                stages: list[dict[str, Any]], noise: torch.Tensor | None) -> None:
+        """The bias and the mask as chain stages (kept mass relative to the model's distribution)."""
+        p_raw = torch.softmax(raw.float(), -1)
+        steps = []
+        if self.stage.bias is not None:
+            steps.append(("logit_bias", raw, biased))
+        what = [self.stage.knob] if self.stage.knob else []
+        what += (["bad_words"] if self.stage.bad else []) + (["token_healing"] if self.stage.heal_mask is not None else [])
+        steps.append((f"constraint({', '.join(what)})", biased, masked))
+        pick = gumbel_pick(raw, noise) if noise is not None else None
+        for name, before, after in steps:
+            kept = torch.isfinite(after)
+            nxt = gumbel_pick(after, noise) if noise is not None else None
+            stages.append({"stage": name, "kept": int(kept.sum()), "kept_mass": round(float(p_raw[kept].sum()), 6),
+                           **stage_cut(before, after, picks=None if noise is None else (pick, nxt))})
+            pick = nxt
 
     def evidence(self, logits: torch.Tensor, ok: torch.Tensor) -> dict[str, Any]:
         """Allowed count, removed mass and the top allowed/blocked tokens under ``softmax(logits)``."""

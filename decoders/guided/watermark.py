@@ -262,7 +262,7 @@ class Watermark(ChainDecoder):
         context = list(ctx.prompt_ids)
         green = scored = 0
         for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
-            step.evidence["chain"] = stages[0]
+            step.evidence["chain"] = step.evidence.get("chain", []) + stages[0]
             emptied = [st["stage"] for st in stages[0] if st.get("emptied")]
             if emptied:
                 step.evidence["dist"]["note"] = (f"{', '.join(emptied)} removed every token; "

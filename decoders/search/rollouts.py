@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from decoders.ar import dist_evidence, draw
+from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.search._beam import BatchState, hits_stop
 from decoders.speculative.draft_model import DraftState
@@ -104,7 +104,7 @@ class RolloutDecoder(Decoder):
             out.extend(committed)
             self.extra_stats.update(triggers=triggers)
             yield Step("token", committed, dist=dist_evidence(ctx.target, logits, probs, toks[0], ctx.top_k_evidence),
-                       **extra)
+                       **extra, **watch_field(ctx, logits, probs))
             reason = check_stop(ctx, out, ctx.target.decode)
             if reason:
                 self.finish_reason = reason

@@ -37,7 +37,7 @@ import torch
 
 from decoders._cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask, rollback_cache,
                              select_cache)
-from decoders.ar import constraint_stage, dist_evidence, sample_index
+from decoders.ar import constraint_stage, dist_evidence, sample_index, watch_evidence
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
 from decoders.guided._constraint import constraint_params
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
@@ -396,6 +396,7 @@ class Verified:
     stopped: str | None = None
     correction_dist: dict[str, Any] | None = None
     mismatches: int = 0           # committed tokens that were not the verified argmax (T=0)
+    watch: list[dict[str, Any]] = field(default_factory=list)  # watch evidence per committed token
 
     def row(self, node: int) -> torch.Tensor:
         """Target logits at a tree node (``ROOT`` = the last committed token)."""
@@ -429,6 +430,8 @@ class SpecDecoder(Decoder):
 
     def _step(self, ctx: Context, v: Verified) -> Step:
         step = self.make_step(ctx, v)
+        if v.watch:
+            step.evidence["watch"] = v.watch
         if v.mismatches:
             step.evidence["lossless_mismatch"] = v.mismatches
         return step
@@ -554,13 +557,15 @@ class SpecDecoder(Decoder):
         tree, node, path_tokens = v.tree, ROOT, []
         while True:
             pos = len(self.out) + len(path_tokens)
-            logits = v.row(node)
+            logits = raw = v.row(node)
             if self.crow is not None:
                 # the constrained target: the walk commits as it goes, so the row's state is this node's
                 logits, cev = self.crow.apply(logits)
                 if not path_tokens:
                     self._cev = cev
             p = self.target_probs(ctx, logits, path_tokens)
+            if ctx.watch:  # one entry per committed position: this node's token or the correction
+                v.watch.append(watch_evidence(raw, p, ctx.watch))
             p_rule = torch.softmax(logits.float(), -1) if self.greedy else p
             kids = tree.children(node)
             for c in kids:

@@ -1,0 +1,74 @@
+"""Watched tokens: the run-level ``watch`` list, resolved against the target's vocabulary.
+
+A run may watch a few tokens (words or token ids): every token step then records each one's
+raw and final probability and raw rank, however far outside the top-K it is (``watch``
+evidence, :func:`decoders.ar.watch_evidence`), and the trace keeps the resolved list under
+``watch`` so a replay can label the plot without a tokenizer.
+
+Items: an int is a token id; a string ``"#42"`` is token id 42; any other string is text,
+tokenized as given, spaces included (``" Romeo"`` with its leading space is usually the token
+inside a line, ``"Romeo"`` the one after a newline). Text that is several tokens watches its
+first token and says so in the entry's ``note``. A string holding several items separates them
+by commas (``"Juliet, Romeo"`` watches ``"Juliet"`` and ``" Romeo"``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from playground.errors import PlaygroundError
+
+MAX_WATCH = 16  # watched tokens per run (each costs every step a few numbers)
+
+
+def watch_items(watch: Any) -> list[int | str]:
+    """The items of a ``watch`` value: None, a list of ids and words, or one comma-separated string."""
+    if watch is None:
+        return []
+    if isinstance(watch, str):
+        return [w for w in watch.split(",") if w.strip()]
+    if not isinstance(watch, (list, tuple)):
+        raise PlaygroundError(f"watch must be a list of words or token ids, got {type(watch).__name__}")
+    out: list[int | str] = []
+    for w in watch:
+        if isinstance(w, bool) or not isinstance(w, (int, str)):
+            raise PlaygroundError(f"watch: each item must be a word or a token id, got {w!r}")
+        if isinstance(w, str) and not w.strip():
+            raise PlaygroundError("watch: an item is empty")
+        out.append(w)
+    return out
+
+
+def resolve_watch(handle: Any, watch: Any) -> list[dict[str, Any]]:
+    """The run's watch entries ``{"token": id, "word": text}`` (plus ``note`` when the text is
+    several tokens), in the order given, each token once; one PlaygroundError line for an id
+    outside the vocabulary, text that encodes to nothing, or more than :data:`MAX_WATCH`."""
+    vocab = int(handle.vocab_size)
+    entries: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for item in watch_items(watch):
+        note = ""
+        if isinstance(item, int) or re.fullmatch(r"\s*#\d+\s*", item):
+            tid = int(item) if isinstance(item, int) else int(item.strip()[1:])
+            if not 0 <= tid < vocab:
+                raise PlaygroundError(f"watch: token id {tid} is outside the vocabulary (size {vocab})")
+            word = handle.tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        else:
+            ids = [int(t) for t in handle.tokenizer.encode(item, add_special_tokens=False)]
+            if not ids:
+                raise PlaygroundError(f"watch: {item!r} encodes to no token")
+            tid, word = ids[0], item
+            if len(ids) > 1:
+                first = handle.tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                note = f"{item!r} is {len(ids)} tokens; watching its first, {first!r}"
+        if tid in seen:
+            continue
+        seen.add(tid)
+        entries.append({"token": tid, "word": word, **({"note": note} if note else {})})
+    if len(entries) > MAX_WATCH:
+        raise PlaygroundError(f"watch: {len(entries)} tokens; at most {MAX_WATCH} per run")
+    return entries
+
+
+__all__ = ["MAX_WATCH", "resolve_watch", "watch_items"]
