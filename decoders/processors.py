@@ -641,7 +641,7 @@ class _Dist:
     between small distributions then costs one gather and one softmax of the candidates."""
 
     def __init__(self, x: torch.Tensor, n: int, probs: torch.Tensor | None = None,
-                 on: "_Candidates | None" = None) -> None:
+                 on: _Candidates | None = None) -> None:
         self.x, self.n, self._probs, self.on = x, n, probs, on
         self.vals: list[float] = []
         self.probs_l: list[float] = []
@@ -695,11 +695,13 @@ class _Candidates:
         self._noise: list[float] | None = None
 
     def index(self, t: int) -> int | None:
+        """The position of token ``t`` in the list (None if absent)."""
         if self._pos is None:
             self._pos = {t: i for i, t in enumerate(self.ids_l)}
         return self._pos.get(t)
 
     def noise(self, noise: torch.Tensor) -> list[float]:
+        """The run's noise at the listed ids."""
         if self._noise is None:
             self._noise = noise[self.ids].tolist()
         return self._noise
@@ -713,6 +715,11 @@ def _top(ids: list[int], probs: list[float], flags: list[bool], k: int) -> tuple
         if len(side) < k:
             side.append([t, _p(q)])
     return sides[False], sides[True]
+
+
+def _masked_top(d: _Dist, drop: torch.Tensor, want: int) -> list[list[Any]]:
+    top = torch.topk(d.x.masked_fill(drop, NEG_INF), want).indices
+    return _pairs(top.tolist(), d.probs[top].tolist())
 
 
 def _cut(d: _Dist, kept: torch.Tensor, n_out: int, k: int) -> tuple[dict[str, Any], torch.Tensor | None]:
@@ -731,12 +738,12 @@ def _cut(d: _Dist, kept: torch.Tensor, n_out: int, k: int) -> tuple[dict[str, An
     ks = kept[ids]
     flags = ks.tolist()
     removed, top_kept = _top(ids.tolist(), d.probs[ids].tolist(), flags, k)
+    # a side the candidates hold too few of is taken over the vocabulary, the other side masked
+    if len(removed) < min(k, n_cut):
+        removed = _masked_top(d, kept, min(k, n_cut))
+    if len(top_kept) < min(k, n_out):
+        top_kept = _masked_top(d, ~kept, min(k, n_out))
     out: dict[str, Any] = {"removed": n_cut, "top_removed": removed, "top_kept": top_kept}
-    for key, side, want, mask in (("top_removed", removed, min(k, n_cut), kept),
-                                  ("top_kept", top_kept, min(k, n_out), None)):
-        if len(side) < want:  # the candidates hold fewer of this side than it records
-            top = torch.topk(d.x.masked_fill(~kept if mask is None else mask, NEG_INF), want).indices
-            out[key] = _pairs(top.tolist(), d.probs[top].tolist())
     return out, (ids[ks] if sum(flags) == n_out else None)
 
 
