@@ -49,6 +49,9 @@ class Processor:
 
     item: ClassVar[str] = ""
     title: ClassVar[str] = ""  # the name in the trace, when it differs from ``item``
+    # True for a rule that only removes tokens (each logit kept as it is or set to -inf): the
+    # chain's evidence then knows the draw's winner survives unless the rule removed it
+    masks: ClassVar[bool] = False
 
     def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
         raise NotImplementedError
@@ -147,6 +150,7 @@ class NoRepeatNGram(Processor):
     """Ban every token that would complete an n-gram already present in the context."""
 
     item = "no_repeat_ngram"
+    masks = True
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -323,6 +327,7 @@ class TopK(Processor):
     """Keep the ``k`` most probable tokens (ties with the k-th are kept, as transformers)."""
 
     item = "top_k"
+    masks = True
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -341,6 +346,7 @@ class TopP(Processor):
     """
 
     item = "top_p"
+    masks = True
 
     def __init__(self, p: float) -> None:
         self.p = p
@@ -358,6 +364,7 @@ class MinP(Processor):
     """Min-p (Nguyen et al. 2024): keep tokens with probability >= ``p`` times the top one's."""
 
     item = "min_p"
+    masks = True
 
     def __init__(self, p: float) -> None:
         self.p = p
@@ -377,6 +384,7 @@ class Typical(Processor):
     """
 
     item = "typical"
+    masks = True
 
     def __init__(self, p: float) -> None:
         self.p = p
@@ -398,6 +406,7 @@ class Epsilon(Processor):
     """Epsilon sampling (Hewitt et al. 2022): drop tokens with probability below ``epsilon``."""
 
     item = "epsilon"
+    masks = True
 
     def __init__(self, epsilon: float) -> None:
         self.epsilon = epsilon
@@ -410,6 +419,7 @@ class Eta(Processor):
     """Eta sampling (Hewitt et al. 2022): drop tokens below ``min(eps, sqrt(eps)*exp(-H))``."""
 
     item = "eta"
+    masks = True
 
     def __init__(self, epsilon: float) -> None:
         self.epsilon = epsilon
@@ -428,6 +438,7 @@ class TopNSigma(Processor):
     of the maximum (σ over the finite logits, population form, as llama.cpp)."""
 
     item = "top_n_sigma"
+    masks = True
 
     def __init__(self, n: float) -> None:
         self.n = n
@@ -453,6 +464,7 @@ class XTC(Processor):
     """
 
     item = "xtc"
+    masks = True
 
     def __init__(self, threshold: float, probability: float) -> None:
         self.threshold, self.probability = threshold, probability
@@ -482,6 +494,7 @@ class Mirostat(Processor):
     """
 
     item = "mirostat"
+    masks = True
 
     def __init__(self, tau: float, eta: float) -> None:
         self.tau, self.eta = tau, eta
@@ -647,6 +660,7 @@ class _Dist:
         self.probs_l: list[float] = []
         self.order: list[int] = []
         self.pick: int | None = None
+        self.winner: int | None = None  # argmax(x + noise) over every live token, underflowed or not
         if on is not None:
             v = x[on.ids]
             self.vals, self.probs_l = v.tolist(), torch.softmax(v, -1).tolist()
@@ -669,8 +683,18 @@ class _Dist:
         i = self.on.index(t)
         return 0.0 if i is None else self.probs_l[i]
 
-    def gumbel(self, noise: torch.Tensor) -> int:
-        """:func:`gumbel_pick` of this distribution, on its candidates when it is small."""
+    def gumbel(self, noise: torch.Tensor, masked_from: _Dist | None = None) -> None:
+        """Set ``pick``, :func:`gumbel_pick` of this distribution (and ``winner``): on its
+        candidates when it is small; when it is ``masked_from`` by a rule that only removes
+        tokens and that rule kept the winner there, the winner without a pass (the maximum of
+        a superset that survives is the subset's, the lowest id on ties too)."""
+        src = masked_from
+        if src is not None and src.winner is not None and bool(torch.isfinite(self.x[src.winner])):
+            t = src.winner
+            # its probability only grew: far from float32's underflow it is non-zero
+            if src.prob(t) > 1e-30:
+                self.winner = self.pick = t
+                return
         if self.on is None:
             # float32 logits promote to float64 exactly: the sum is gumbel_pick's
             t = int(torch.argmax(torch.add(noise, self.x)))
@@ -680,9 +704,9 @@ class _Dist:
             s = {i: self.vals[i] + g[i] for i in self.order}
             best = max(s.values())
             t = min(ids[i] for i, e in s.items() if e == best)
-        if self.prob(t) > 0:
-            return t
-        return gumbel_pick(self.x, noise)  # its probability underflowed: the full rule (rare)
+        self.winner = t
+        # a winner whose probability underflowed is rare: then the full rule
+        self.pick = t if self.prob(t) > 0 else gumbel_pick(self.x, noise)
 
 
 class _Candidates:
@@ -784,19 +808,21 @@ class _Stages:
         self.noise = None if noise is None else noise.detach().to(x.device, torch.float64)[: x.numel()]
         self.cur = self._dist(x, n, None, raw)
 
-    def _dist(self, x: torch.Tensor, n: int, on: _Candidates | None, probs: torch.Tensor | None = None) -> _Dist:
+    def _dist(self, x: torch.Tensor, n: int, on: _Candidates | None, probs: torch.Tensor | None = None,
+              masked_from: _Dist | None = None) -> _Dist:
         if on is None and n <= STAGE_SMALL:
             on = _Candidates(torch.topk(x, n).indices)
         d = _Dist(x, n, probs, on)
         if d.on is not None and len(d.order) != n:  # a rule revived a token: know it over the vocabulary
             d = _Dist(x, n, probs)
         if self.noise is not None:
-            d.pick = d.gumbel(self.noise)
+            d.gumbel(self.noise, masked_from if d.on is None else None)
         return d
 
-    def stage(self, after: torch.Tensor, kept: torch.Tensor, n_out: int) -> dict[str, Any]:
+    def stage(self, after: torch.Tensor, kept: torch.Tensor, n_out: int, masks: bool = False) -> dict[str, Any]:
         """The cut of the stage from the current distribution to ``after`` (``kept`` its live
-        mask, ``n_out`` its size); ``after`` becomes the current distribution."""
+        mask, ``n_out`` its size; ``masks``: the stage only removed tokens); ``after`` becomes
+        the current distribution."""
         d, k = self.cur, self.k
         if d.on is not None:
             nxt = self._dist(after, n_out, d.on)
@@ -806,7 +832,7 @@ class _Stages:
             out: dict[str, Any] = {"removed": d.n - n_out, "top_removed": removed, "top_kept": top_kept}
         else:
             out, ids = _cut(d, kept, n_out, k)
-            nxt = self._dist(after, n_out, None if ids is None else _Candidates(ids))
+            nxt = self._dist(after, n_out, None if ids is None else _Candidates(ids), masked_from=d if masks else None)
         self.cur = nxt
         if self.noise is not None:
             out["gumbel_in"] = [d.pick, _p(d.prob(d.pick))]
@@ -865,7 +891,7 @@ class Chain:
             if stages is not None and ev is not None and raw is not None:
                 n_kept = int(kept.sum())
                 stage = {"stage": label, "kept": n_kept, "kept_mass": round(float(raw[kept].sum()), 6),
-                         **ev.stage(out, kept, n_kept)}
+                         **ev.stage(out, kept, n_kept, masks=proc.masks or emptied)}
                 if emptied:
                     stage.update(emptied=True, note=EMPTIED_NOTE)
                 stages.append(stage)

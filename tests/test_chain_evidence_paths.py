@@ -117,3 +117,26 @@ def test_a_large_vocabulary_and_a_small_one_record_alike():
         keys = ("top_kept", "gumbel_in", "gumbel_out") + (("top_removed",) if sa is not a[0] else ())
         for key in keys:
             assert np.allclose(np.asarray(sb[key], float), np.asarray(sa[key], float), rtol=2e-3), key
+
+
+def test_the_rules_that_say_they_only_remove_tokens_do():
+    """``masks`` lets the evidence carry the draw's winner through a stage without a pass over the
+    vocabulary; a rule claiming it must keep each logit as it is or set it to -inf."""
+    g = torch.Generator().manual_seed(11)
+    knobs = {"top_k": 50, "top_p": 0.8, "min_p": 0.05, "typical_p": 0.7, "epsilon": 1e-3, "eta": 1e-3,
+             "top_n_sigma": 1.0, "xtc_probability": 1.0, "xtc_threshold": 0.01, "mirostat_tau": 3.0,
+             "no_repeat_ngram_size": 2}
+    procs = [p for p in P.build_chain(knobs).processors if p.masks]
+    assert {type(p) for p in procs} == {P.TopK, P.TopP, P.MinP, P.Typical, P.Epsilon, P.Eta, P.TopNSigma,
+                                        P.XTC, P.Mirostat, P.NoRepeatNGram}
+    assert not any(p.masks for p in P.build_chain({"temperature": 0.5, "repetition_penalty": 1.3,
+                                                   "presence_penalty": 0.5, "frequency_penalty": 0.5,
+                                                   "dry_multiplier": 1.0}).processors)
+    for _ in range(5):
+        x = torch.randn(500, generator=g) * 4
+        x[torch.rand(500, generator=g) < 0.2] = float("-inf")
+        h = P.History(ids=[int(t) for t in torch.randint(500, (40,), generator=g)], prompt_len=5, pos=1,
+                      uniform=lambda i, s="sample": 0.1)
+        for proc in procs:
+            y = proc(x, h)
+            assert bool(((y == x) | (y == float("-inf"))).all()), proc.label
