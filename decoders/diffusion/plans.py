@@ -51,6 +51,9 @@ class ExploreThenExploit(RuleDecoder):
     floor) and the entropy ranking are our reading of its abstract. ``explore`` 0 is
     ``fast_dllm``. Evidence: bits committed per round (exploit and explore), which commits
     explored, and the cascade (confident commits in the round after an exploration).
+    Views: *Explore vs exploit* (bits of every masked position at a round, the explored ones
+    marked) and *Bits per round* (bits per round with the cascades, over the unmasking map
+    with explore and exploit commits marked).
     """
 
     name = "ete"
@@ -83,7 +86,9 @@ class R2DLLM(RuleDecoder):
     is finalised instead of being predicted again). Follows the authors' inference rules;
     their redundancy-aware fine-tuning and token-cluster rule are left out. ``window`` 0 and
     ``stable_steps`` 0 is ``fast_dllm``. Evidence: which rule committed each position, the
-    windows that fired and every masked position's stability counter.
+    windows that fired and every masked position's stability counter. Views: *Which rule
+    committed* (confidence per position coloured by rule, windows shaded, stability counters)
+    and *Stability counters* (position x step).
     """
 
     name = "r2_dllm"
@@ -116,7 +121,9 @@ class LocalLeapDecoder(RuleDecoder):
     towards ``tau_hi`` at the zone's edge. With no anchor the most confident position is
     committed, as one-token-per-step decoding would. Neighbours pulled in do not anchor
     further leaps in the same step. ``tau_lo`` = ``tau_hi`` is ``fast_dllm`` at that
-    threshold. Evidence: anchors, leaps and the leap zones.
+    threshold. Evidence: anchors, leaps and the leap zones. Views: *Anchors and leap zones*
+    (confidence per position against both thresholds, zones shaded) and *Anchors over the
+    run* (position x step).
     """
 
     name = "localleap"
@@ -150,7 +157,9 @@ class AdaBlockDecoder(RuleDecoder):
     still moving; like the authors' code we test the delimiter's confidence alone.
     ``delimiter_threshold`` 1 gives fixed blocks (``fast_dllm`` when ``block_length``
     divides the canvas). Evidence: the look-ahead window, the delimiter candidates, the
-    chosen boundary and each block's size.
+    chosen boundary and each block's size. Views: *Adaptive block* (confidence per position,
+    the block, the window and the starred delimiter candidates) and *Blocks over the run*
+    (the block band moving over position x step).
     """
 
     name = "adablock"
@@ -193,7 +202,7 @@ class AscendingStepSize(DiffusionDecoder):
     (``ceil(log2(block + 1))`` at growth 2). Meant for full-diffusion decoding without
     blocks, the paper's setting; ``block_length`` applies it per block. The EOS penalty is
     the paper's companion, EOS early rejection. Evidence: the planned schedule beside the
-    even one.
+    even one. View: *Step-size schedule* (planned, committed and LLaDA's even step sizes).
     """
 
     name = "ass"
