@@ -16,6 +16,7 @@ from playground.engine import prepare
 from playground.errors import PlaygroundError
 from playground.models import handle_from_model
 from test_diffusion import build_bert
+from test_visualizers import render_everything
 
 PROMPT = "ROMEO: But soft"
 T = torch.tensor
@@ -333,6 +334,7 @@ def test_each_plan_gets_its_views(bundled, decoder, knobs, step_title, run_title
     runs = dict(V.run_figures(d))
     assert run_title in runs and runs[run_title].data
     assert not any("could not draw" in (a.text or "") for a in runs[run_title].layout.annotations)
+    render_everything(d)  # every plot of every step as the page calls them, JSON-serialisable
 
 
 def test_views_mark_what_the_rule_did(mlm, bundled):
