@@ -35,6 +35,9 @@ _FAST_DLLM = _arxiv("Wu et al. 2025, Fast-dLLM: Training-free Acceleration of Di
 _SCHED = _arxiv("Mohamed et al. 2025, Fast-Decoding Diffusion Language Models via Progress-Aware "
                 "Confidence Schedules (SchED)", "2512.02892")
 _PROPHET = _arxiv("Li et al. 2025, Diffusion Language Models Know the Answer Before Decoding (Prophet)", "2508.19982")
+_ASS = Paper("Taming Masked Diffusion Language Models via Consistency Trajectory Reinforcement Learning with "
+             "Fewer Decoding Steps: EOS early rejection and the ascending step-size scheduler (authors' code)",
+             "https://github.com/yjyddq/EOSER-ASS-RL")
 _PC = _arxiv("Huang et al. 2025, PC-Sampler: Position-Aware Calibration of Decoding Bias in Masked "
              "Diffusion Models", "2508.13021")
 _CREDIT = _arxiv("CreditDecoding: Accelerating Parallel Decoding in Diffusion Large Language Models with "
@@ -143,7 +146,19 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
     "credit": (_CREDIT,),
     "freedave": (_arxiv("Wu & Zhang 2025, Free Draft-and-Verification: Toward Lossless Parallel Decoding for "
                         "Diffusion Large Language Models (FreeDave)", "2510.00294"),),
-    "masked_diffusion": (_LLADA, _DREAM, _FAST_DLLM, _SCHED, _PROPHET, _PC, _CREDIT),
+    "masked_diffusion": (_LLADA, _DREAM, _FAST_DLLM, _SCHED, _PROPHET, _PC, _CREDIT, _ASS),
+    "ete": (_arxiv("Fu et al. 2025, From Bits to Rounds: Parallel Decoding with Exploration for Diffusion "
+                   "Language Models (ETE)", "2511.21103"),),
+    "r2_dllm": (_arxiv("Du et al. 2026, R²-dLLM: Accelerating Diffusion Large Language Models via Spatio-Temporal "
+                       "Redundancy Reduction", "2604.18995"),
+                Paper("R²-dLLM's decoding rules, llada/generate.py", "https://github.com/GATECH-EIC/R2-dLLM")),
+    "localleap": (_arxiv("Kong et al. 2025, Accelerating Diffusion LLM Inference via Local Determinism "
+                         "Propagation (LocalLeap)", "2510.07081"),),
+    "adablock": (_arxiv("Lu et al. 2025, AdaBlock-dLLM: Semantic-Aware Diffusion LLM Inference via Adaptive "
+                        "Block Size", "2509.26432"),
+                 Paper("AdaBlock-dLLM's block-length rule, llada/generate_adablock.py",
+                       "https://github.com/lgxi24/AdaBlock-dLLM")),
+    "ass": (_ASS,),
     # guided
     "constrained_beam": (_arxiv("Post & Vilar 2018, Fast Lexically Constrained Decoding with Dynamic Beam "
                                 "Allocation for Neural Machine Translation (NAACL)", "1804.06609"),
