@@ -42,6 +42,9 @@ _CREDIT = _arxiv("CreditDecoding: Accelerating Parallel Decoding in Diffusion La
 _TRANSFORMERS_GEN = Paper("Hugging Face transformers, text generation strategies",
                           "https://huggingface.co/docs/transformers/generation_strategies")
 
+_LI_CD = _arxiv("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL)",
+                "2210.15097")
+
 PAPERS: dict[str, tuple[Paper, ...]] = {
     # sampling
     "greedy": (Paper("Greedy (argmax) decoding, the temperature-0 limit of sampling; see transformers' "
@@ -90,8 +93,7 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
     # contrastive
     "contrastive_search": (_arxiv("Su et al. 2022, A Contrastive Framework for Neural Text Generation (NeurIPS)",
                                   "2202.06417"),),
-    "contrastive": (_arxiv("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL)",
-                           "2210.15097"),
+    "contrastive": (_LI_CD,
                     _arxiv("O'Brien & Lewis 2023, Contrastive Decoding Improves Reasoning in Large Language Models",
                            "2309.09117")),
     "dola": (_arxiv("Chuang et al. 2024, DoLa: Decoding by Contrasting Layers Improves Factuality in Large "
@@ -115,6 +117,8 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
                   _arxiv("Sun et al. 2023, SpecTr: Fast Speculative Decoding via Optimal Transport (NeurIPS)",
                          "2310.15141"),
                   _arxiv("Yang et al. 2024, Multi-Candidate Speculative Decoding", "2401.06706")),
+    "spec_contrastive": (_arxiv("Yuan et al. 2023, Speculative Contrastive Decoding (ACL 2024)", "2311.08981"),
+                         _LI_CD),
     "prompt_lookup": (Paper("Saxena 2023, Prompt Lookup Decoding",
                             "https://github.com/apoorvumang/prompt-lookup-decoding"),
                       _arxiv("Ou et al. 2024, Lossless Acceleration of Large Language Model via Adaptive N-gram "
