@@ -119,6 +119,8 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
                   _arxiv("Yang et al. 2024, Multi-Candidate Speculative Decoding", "2401.06706")),
     "spec_contrastive": (_arxiv("Yuan et al. 2023, Speculative Contrastive Decoding (ACL 2024)", "2311.08981"),
                          _LI_CD),
+    "bandit_spec": (_arxiv("Hou et al. 2025, BanditSpec: Adaptive Speculative Decoding via Bandit Algorithms (ICML)",
+                           "2505.15141"),),
     "prompt_lookup": (Paper("Saxena 2023, Prompt Lookup Decoding",
                             "https://github.com/apoorvumang/prompt-lookup-decoding"),
                       _arxiv("Ou et al. 2024, Lossless Acceleration of Large Language Model via Adaptive N-gram "

@@ -14,6 +14,7 @@ from playground.engine import prepare
 from playground.models import handle_from_model
 from test_speculative import build_varied_llama
 from visualizers import step_figures
+from visualizers.accept_rules import accept_rules_figure
 
 KNOBS = {k: p.default for k, p in rule_params().items()}
 
@@ -130,6 +131,8 @@ def test_nodes_carry_every_rules_acceptance_probability(models):
     assert tried > 0
     titles = [t for t, _ in step_figures(tr.to_dict(), 0)]
     assert "Acceptance by rule" in titles
+    fig = accept_rules_figure(tr.to_dict(), 0)  # drawn, not a note
+    assert "cactus (lossy) ← this run" in [b.name for b in fig.data]
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from playground.engine import prepare
 from playground.errors import PlaygroundError
 from test_speculative_dist import chi_square_p
 from visualizers import step_figures
+from visualizers.scd import scd_figure
 
 PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo, Romeo, wherefore art thou", "To be, or not to be",
            "MACBETH: Tomorrow, and tomorrow"]
@@ -140,6 +141,8 @@ def test_evidence_and_view(bundled):
         assert [r["depth"] for r in rows] == list(range(len(s.evidence["tree"]["accepted_path"]) + 1))[:len(rows)]
     titles = [t for t, _ in step_figures(d, 0)]
     assert "Contrastive verification" in titles
+    fig = scd_figure(d, 0)  # drawn, not a note
+    assert [b.name for b in fig.data[:3]] == ["expert p", "amateur q (drafted from)", "contrast (verified against)"]
     with pytest.raises(PlaygroundError, match="gamma"):
         prepare(model=bundled[0], decoder="spec_contrastive", prompt="x", max_new_tokens=4, draft=bundled[1],
                 params={"gamma": 0})
