@@ -139,7 +139,7 @@ class BanditSpec(SpecDecoder):
     name = "bandit_spec"
     needs_draft = True
     lossless = True
-    shows = "; plus `bandit` per round: the arms, the chosen arm and γ, its reward, and every arm's pulls, mean reward and score"
+    shows = "; plus `bandit` per round: the arms, the chosen arm and γ, its reward, and every arm's pulls, mean reward and score (run plot *Bandit arms over time*)"
     reference = ("Hou et al. 2025, BanditSpec: Adaptive Speculative Decoding via Bandit Algorithms (ICML; "
                  "arXiv:2505.15141)")
     description = "A bandit (UCB or EXP3) picks the draft length γ of each speculative round from its rewards so far"

@@ -59,7 +59,7 @@ class SpecContrastive(SpecDecoder):
     name = "spec_contrastive"
     needs_draft = True
     lossless = False  # exact for the contrastive distribution, not for the expert's own
-    shows = "; plus `scd` per verified position: the expert, amateur and contrastive probabilities of the drafted token and the contrast's pick"
+    shows = "; plus `scd` per verified position: the expert, amateur and contrastive probabilities of the drafted token and the contrast's pick (plot *Contrastive verification*)"
     reference = ("Yuan et al. 2023, Speculative Contrastive Decoding (arXiv:2311.08981); "
                  "Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization")
     description = "The amateur drafts, the expert verifies against the contrastive distribution: contrastive's text in fewer expert passes"
