@@ -146,3 +146,13 @@ def test_evidence_and_view(bundled):
     with pytest.raises(PlaygroundError, match="gamma"):
         prepare(model=bundled[0], decoder="spec_contrastive", prompt="x", max_new_tokens=4, draft=bundled[1],
                 params={"gamma": 0})
+
+
+def test_forced_tokens_as_contrastive_takes_them(bundled):
+    """A forced token makes the expert's row a point mass, so the contrast picks it too: the
+    branch equals contrastive's branch with the same force."""
+    target, draft = bundled
+    force = [[2, 100], [5, 14]]
+    outs = [prepare(model=target, decoder=d, prompt=PROMPTS[0], max_new_tokens=16, draft=draft, force=force)
+            .finish().output_ids for d in ("contrastive", "spec_contrastive")]
+    assert outs[0] == outs[1] and outs[1][2] == 100 and outs[1][5] == 14
