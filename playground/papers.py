@@ -70,7 +70,10 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
              _arxiv("Kasai et al. 2022, A Call for Clarity in Beam Search: How It Works and When It Stops "
                     "(patience; LREC-COLING 2024)", "2204.05424")),
     "best_first_beam": (Paper("Meister, Vieira & Cotterell 2020, Best-First Beam Search (TACL)",
-                              "https://doi.org/10.1162/tacl_a_00346"),),
+                              "https://doi.org/10.1162/tacl_a_00346"),
+                        _arxiv("Xu, Jonnalagadda & Durrett 2022, Massive-scale Decoding for Text Generation using "
+                               "Lattices (NAACL; best-first search with recombination, the recombine knob)",
+                               "2112.07660")),
     "uid_beam": (_arxiv("Meister, Cotterell & Vieira 2020, If Beam Search is the Answer, What was the Question? "
                         "(EMNLP)", "2010.02650"),),
     "diverse_beam": (_arxiv("Vijayakumar et al. 2018, Diverse Beam Search: Decoding Diverse Solutions from Neural "
