@@ -320,6 +320,27 @@ class Rule:
     def __init__(self, params: dict[str, Any]) -> None:
         self.name = str(params.get("accept", "strict"))
         self.params = params
+        # per sibling group: entropies, divergences and top-k sets of the group's p and q,
+        # which every candidate of the group (and every rule side by side) shares
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def new_group(self) -> None:
+        """Forget the previous sibling group's distributions (call before a new group)."""
+        self._memo = {}
+
+    def _once(self, tag: Any, objs: tuple[torch.Tensor, ...], fn: Any) -> Any:
+        """``fn()`` for these tensors, computed once; the memo holds the tensors, so no other
+        tensor can take their ids while it remembers them."""
+        key = (tag, *map(id, objs))
+        if key not in self._memo:
+            self._memo[key] = (objs, fn())
+        return self._memo[key][1]
+
+    def _entropy(self, t: torch.Tensor) -> float:
+        return self._once("H", (t,), lambda: entropy(t))
+
+    def _top(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        return self._once(("top", n), (t,), lambda: torch.topk(t, n))
 
     @property
     def lossy(self) -> bool:
@@ -348,6 +369,7 @@ class Rule:
             if not all(k in self.params for k in _RULE_KNOBS[name]):
                 continue
             other = Rule({**self.params, "accept": name})
+            other._memo = self._memo  # one group's distributions, measured once for all rules
             if name == "cactus":
                 out[name] = strict(other.target(token, p))
                 continue
@@ -360,30 +382,33 @@ class Rule:
         k = self.params
         if self.name == "typical":
             # Medusa's typical acceptance: p(x) > min(eps, delta * exp(-H(p)))
-            thr = min(k["typical_eps"], k["typical_delta"] * math.exp(-entropy(p_rule)))
+            thr = min(k["typical_eps"], k["typical_delta"] * math.exp(-self._entropy(p_rule)))
             return True if float(p_rule[token]) > thr else None
         if self.name == "top_m":
             m = min(int(k["top_m"]), p_rule.numel())
-            kth = torch.topk(p_rule, m).values[-1]
+            kth = self._top(p_rule, m).values[-1]
             return True if float(p_rule[token]) >= float(kth) and float(p_rule[token]) > 0 else None
         if self.name == "fuzzy":
             if float(p_rule[token]) <= 0:
                 return None  # a token the target's chain rules out (top-k, a banned n-gram) stays out
-            q = q_rule if q_rule is not None else one_hot(token, p_rule)
-            return True if js_divergence(p_rule, q) <= k["fuzzy_div"] else None
+            if q_rule is None:  # deterministic candidates: q is a point mass on each
+                div = js_divergence(p_rule, one_hot(token, p_rule))
+            else:
+                div = self._once("JS", (p_rule, q_rule), lambda: js_divergence(p_rule, q_rule))
+            return True if div <= k["fuzzy_div"] else None
         if self.name in ("additive", "multiplicative"):
             # relaxed greedy acceptance: the rejection region is a lower level set of p
-            top, px = float(p_rule.max()), float(p_rule[token])
+            top, px = self._once("max", (p_rule,), lambda: float(p_rule.max())), float(p_rule[token])
             thr = top - k["relax_delta"] if self.name == "additive" else k["relax_rho"] * top
             return True if px > 0 and px >= thr else None
         if self.name == "entropy":
             if q_rule is None:
                 return None  # a deterministic draft is never "uncertain"
             tau = k["easd_entropy"]
-            if entropy(p_rule) > tau and entropy(q_rule) > tau:
+            if self._entropy(p_rule) > tau and self._entropy(q_rule) > tau:
                 n = min(int(k["easd_top_n"]), p_rule.numel())
-                a = set(torch.topk(p_rule, n).indices.tolist())
-                b = set(torch.topk(q_rule, n).indices.tolist())
+                a = set(self._top(p_rule, n).indices.tolist())
+                b = set(self._top(q_rule, n).indices.tolist())
                 if len(a & b) / n >= k["easd_overlap"]:
                     return False
             return None
@@ -408,6 +433,8 @@ def verify_group(p: torch.Tensor, cands: Sequence[int], qdist: torch.Tensor | No
     """
     p_j = p.double().cpu()
     q_base = qdist.double().cpu().clone() if qdist is not None else None
+    if rule is not None:
+        rule.new_group()
     trials: list[Trial] = []
     for j, x in enumerate(cands):
         if q_base is not None:
