@@ -130,10 +130,12 @@ class BanditSpec(SpecDecoder):
     ``modeled`` = committed tokens / (1 + ``draft_cost`` · drafted tokens), normalised to
     [0, 1] by the best reward any arm could earn, a deterministic stand-in for throughput;
     ``measured`` = committed tokens per wall-clock second of the round, normalised by the best
-    rate seen so far. ``ucb`` is UCB1 (the paper's UCBSpec, for stochastic rewards), ``exp3``
-    EXP3 (EXP3Spec, for adversarial rewards), its draws on the run's ``bandit`` stream.
+    rate seen so far. ``ucb`` is textbook UCB1 in the role of the paper's UCBSpec (stochastic
+    rewards), ``exp3`` textbook EXP3 in the role of EXP3Spec (adversarial rewards), its draws
+    on the run's ``bandit`` stream.
     Simplifies: the arms are draft lengths of one draft model (the paper also lets arms be
-    drafters); the measured reward's normalisation by the best rate so far is this project's.
+    drafters); the bandits are the textbook UCB1 and EXP3, not the paper's exact variants and
+    constants; both rewards and their normalisation to [0, 1] are this project's.
     """
 
     name = "bandit_spec"
