@@ -45,6 +45,9 @@ _CREDIT = _arxiv("CreditDecoding: Accelerating Parallel Decoding in Diffusion La
 _TRANSFORMERS_GEN = Paper("Hugging Face transformers, text generation strategies",
                           "https://huggingface.co/docs/transformers/generation_strategies")
 
+_LI_CD = _arxiv("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL)",
+                "2210.15097")
+
 PAPERS: dict[str, tuple[Paper, ...]] = {
     # sampling
     "greedy": (Paper("Greedy (argmax) decoding, the temperature-0 limit of sampling; see transformers' "
@@ -70,7 +73,10 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
              _arxiv("Kasai et al. 2022, A Call for Clarity in Beam Search: How It Works and When It Stops "
                     "(patience; LREC-COLING 2024)", "2204.05424")),
     "best_first_beam": (Paper("Meister, Vieira & Cotterell 2020, Best-First Beam Search (TACL)",
-                              "https://doi.org/10.1162/tacl_a_00346"),),
+                              "https://doi.org/10.1162/tacl_a_00346"),
+                        _arxiv("Xu, Jonnalagadda & Durrett 2022, Massive-scale Decoding for Text Generation using "
+                               "Lattices (NAACL; best-first search with recombination, the recombine knob)",
+                               "2112.07660")),
     "uid_beam": (_arxiv("Meister, Cotterell & Vieira 2020, If Beam Search is the Answer, What was the Question? "
                         "(EMNLP)", "2010.02650"),),
     "diverse_beam": (_arxiv("Vijayakumar et al. 2018, Diverse Beam Search: Decoding Diverse Solutions from Neural "
@@ -93,8 +99,7 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
     # contrastive
     "contrastive_search": (_arxiv("Su et al. 2022, A Contrastive Framework for Neural Text Generation (NeurIPS)",
                                   "2202.06417"),),
-    "contrastive": (_arxiv("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL)",
-                           "2210.15097"),
+    "contrastive": (_LI_CD,
                     _arxiv("O'Brien & Lewis 2023, Contrastive Decoding Improves Reasoning in Large Language Models",
                            "2309.09117")),
     "dola": (_arxiv("Chuang et al. 2024, DoLa: Decoding by Contrasting Layers Improves Factuality in Large "
@@ -118,6 +123,10 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
                   _arxiv("Sun et al. 2023, SpecTr: Fast Speculative Decoding via Optimal Transport (NeurIPS)",
                          "2310.15141"),
                   _arxiv("Yang et al. 2024, Multi-Candidate Speculative Decoding", "2401.06706")),
+    "spec_contrastive": (_arxiv("Yuan et al. 2023, Speculative Contrastive Decoding (ACL 2024)", "2311.08981"),
+                         _LI_CD),
+    "bandit_spec": (_arxiv("Hou et al. 2025, BanditSpec: Adaptive Speculative Decoding via Bandit Algorithms (ICML)",
+                           "2505.15141"),),
     "prompt_lookup": (Paper("Saxena 2023, Prompt Lookup Decoding",
                             "https://github.com/apoorvumang/prompt-lookup-decoding"),
                       _arxiv("Ou et al. 2024, Lossless Acceleration of Large Language Model via Adaptive N-gram "

@@ -268,9 +268,13 @@ def _node_hover(trace: dict[str, Any], n: dict[str, Any], status: str, depth: in
     ap = num(n.get("accept_prob"))
     if ap is None and q and p is not None:
         ap = min(1.0, p / q)
+    rules = n.get("rule_probs") if isinstance(n.get("rule_probs"), dict) else {}
+    # every rule's acceptance probability for this token, side by side (the trace's nodes carry them)
+    side = "".join(f"<br>  {plot_text(r)}: {fmt(v, 3)}" for r, v in rules.items() if r != "strict")
     return (f"<b>{tx}</b> (#{n.get('token')})<br>{status} · depth {depth}<br>"
             f"q (draft) = {fmt(q, 4)}<br>p (target) = {fmt(p, 4)}<br>"
-            f"accept prob = {fmt(ap, 3)}<br>source: {plot_text(n.get('source') or '–')}")
+            f"accept prob = {fmt(ap, 3)}" + (f"<br>by rule (strict {fmt(rules.get('strict'), 3)}):{side}" if side else "")
+            + f"<br>source: {plot_text(n.get('source') or '–')}")
 
 
 def _draft_steps(trace: dict[str, Any]) -> list[dict[str, Any]]:
