@@ -201,6 +201,52 @@ def validate_trace_dict(d: Any) -> None:
             isinstance(f, list) and len(f) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                                         for x in f) for f in force)):
         raise ValueError("trace field 'force' must be a list of [position, token_id] pairs")
+    _check_consistency(d)
+
+
+# Step kinds whose committed tokens, in order, are the output (the others' output is chosen at
+# the end: a search's best hypothesis, a diffusion canvas).
+OUTPUT_KINDS = ("token", "draft", "jacobi")
+
+
+def _check_consistency(d: dict[str, Any]) -> None:
+    """The counts of a trace agree with each other: ids are token ids (non-negative integers,
+    and keys of the trace's own vocabulary, its ``tokens`` texts, where it carries one); the
+    output of a run whose steps all commit output tokens is those tokens, in order (cut at
+    ``max_new_tokens``); ``stats.new_tokens`` is :func:`committed_count` and ``stats.steps``
+    the number of steps."""
+    vocab = d.get("tokens")
+    for key in ("prompt_ids", "output_ids"):
+        bad = next((x for x in d[key] if not (isinstance(x, int) and not isinstance(x, bool) and x >= 0)), None)
+        if bad is not None:
+            raise ValueError(f"trace field {key!r} holds {bad!r}, which is not a token id")
+    for j, s in enumerate(d["steps"]):
+        bad = next((x for x in s.get("committed", []) if not (isinstance(x, int) and not isinstance(x, bool)
+                                                               and x >= 0)), None)
+        if bad is not None:
+            raise ValueError(f"trace step {j}: 'committed' holds {bad!r}, which is not a token id")
+    if isinstance(vocab, dict):
+        for key in ("prompt_ids", "output_ids"):
+            unknown = next((x for x in d[key] if str(x) not in vocab), None)
+            if unknown is not None:
+                raise ValueError(f"trace field {key!r} holds token {unknown}, which is not in the trace's "
+                                 f"vocabulary ('tokens' names {len(vocab)} ids)")
+    steps = d["steps"]
+    if steps and all(s.get("kind") in OUTPUT_KINDS for s in steps):
+        committed = [x for s in steps for x in s.get("committed", [])]
+        out = d["output_ids"]
+        if committed[:len(out)] != out:
+            raise ValueError(f"trace output_ids ({len(out)} tokens) are not the tokens its steps committed "
+                             f"({len(committed)})")
+    stats = d["stats"]
+    n = stats.get("new_tokens")
+    if n is not None:
+        want = committed_count(d["output_ids"], steps)
+        if not isinstance(n, int) or isinstance(n, bool) or n != want:
+            raise ValueError(f"trace stats.new_tokens is {n!r}, but its output holds {want} committed tokens")
+    k = stats.get("steps")
+    if k is not None and k != len(steps):
+        raise ValueError(f"trace stats.steps is {k!r}, but it has {len(steps)} steps")
 
 
 # ---------------------------------------------------------------------- figures
