@@ -49,14 +49,13 @@ def test_longer_drafts_accept_less_and_gain_less_than_a_token_per_doubling():
 
 
 @pytest.mark.slow
-def test_freedave_is_llada_in_fewer_forwards_and_prophet_and_sched_exit_early():
+def test_freedave_is_llada_in_fewer_forwards_and_prophet_needs_lower_thresholds():
     row = next(r for r in _rows() if "`freedave`" in r and "`prophet`" in r)
-    llada = _page_run("llada", steps=48)
-    free, prophet, sched = _page_run("freedave"), _page_run("prophet"), _page_run("sched")
-    assert free.output_ids == llada.output_ids and free.stats["target_forwards"] < llada.stats["target_forwards"]
-    assert "lossless" in row and "stop refining early" in row
-    for lane in (prophet, sched):
-        assert lane.stats["target_forwards"] < llada.stats["target_forwards"]
+    llada, free, prophet = _page_run("llada", steps=48), _page_run("freedave"), _page_run("prophet")
+    assert free.output_ids == llada.output_ids
+    stated = f"{free.stats['target_forwards']} against {llada.stats['target_forwards']}"
+    assert stated in row, stated
+    assert prophet.stats["target_forwards"] == 48 and "takes all 48 steps" in row
 
 
 @pytest.mark.slow
