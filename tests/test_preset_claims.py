@@ -153,10 +153,48 @@ CLAIMS: dict[str, dict[str, Any]] = {
             "138": lambda L: st(L[0], "target_tokens_processed") == 138,
             "348": lambda L: st(L[3], "target_tokens_processed") == 348,
             "764": lambda L: st(L[4], "target_tokens_processed") == 764,
+            "212": lambda L: st(L[1], "target_tokens_processed") == 212,
+            "461": lambda L: st(L[2], "target_tokens_processed") == 461,
+            "189": lambda L: st(L[1], "draft_tokens_processed") == 189,
+            "298": lambda L: st(L[2], "draft_tokens_processed") == 298,
         },
         "checks": [
             lambda L: len({tuple(t["output_ids"]) for t in L}) == 1,
             lambda L: all(st(L[j], "target_tokens_processed") > st(L[0], "target_tokens_processed") for j in (1, 2)),
+        ],
+    },
+    "speculative-sampling": {
+        "settings": {"1", "0", "4"},  # T = 1, min(1, p/q), max(0, p - q), the draft length and tree depth
+        "figures": {
+            "9": lambda L: corrections(L[1]).get("resample") == 9,
+            "10": lambda L: corrections(L[2]).get("resample") == 10,
+            "15": lambda L: st(L[1], "verifications") == st(L[1], "target_forwards") == 15,
+            "17": lambda L: st(L[2], "verifications") == st(L[2], "target_forwards") == 17,
+            "57": lambda L: round(100 * st(L[1], "acceptance_rate")) == 57,
+            "2.2": lambda L: round(st(L[1], "mean_accepted_length"), 1) == 2.2,
+            "1.8": lambda L: round(st(L[2], "mean_accepted_length"), 1) == 1.8,
+            "48": lambda L: all(st(t, "new_tokens") == 48 for t in L),
+            "64": lambda L: st(L[0], "target_tokens_processed") == 64,
+            "89": lambda L: st(L[1], "target_tokens_processed") == 89,
+            "327": lambda L: st(L[2], "target_tokens_processed") == 327,
+            "79": lambda L: st(L[1], "draft_tokens_processed") == 79,
+            "192": lambda L: st(L[2], "draft_tokens_processed") == 192,
+        },
+        "checks": [
+            lambda L: all(set(corrections(t)) <= {"resample", "bonus"} for t in L[1:]),
+            lambda L: st(L[2], "drafted_tokens") > st(L[1], "drafted_tokens")
+            and st(L[2], "acceptance_rate") < st(L[1], "acceptance_rate"),
+            lambda L: len({t["text"] for t in L}) == 3,
+        ],
+    },
+    "truncation-samplers": {
+        "settings": {"20", "0.8", "0.1"},
+        "figures": {},
+        "checks": [
+            lambda L: L[0]["text"].lstrip().startswith("By any virginian"),
+            lambda L: all(L[j]["text"].lstrip().startswith("By any")
+                          and not L[j]["text"].lstrip().startswith("By any virginian") for j in (4, 5)),
+            lambda L: not any(L[j]["text"].lstrip().startswith("By") for j in (1, 2, 3)),
         ],
     },
     "greedy-beam-sampling": {"settings": {"90"}, "figures": {}, "checks": [
