@@ -151,9 +151,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([t.to_dict() for t in traces], ensure_ascii=False))
     else:
-        for t in traces:
+        for lane, t in enumerate(traces, start=1):  # lanes numbered from 1, as on the page
             s = t.stats
-            print(f"== {t.decoder}: {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
+            print(f"== lane {lane}: {t.decoder}: {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
                   f"{s['wall_s']} s\n{t.prompt}{t.text}\n")
     return 0
 

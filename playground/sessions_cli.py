@@ -183,7 +183,7 @@ def _show(store: Any, args: argparse.Namespace) -> int:
         print(f"{_where(s['branch'])} of {s['parent'] or 'a deleted session'}")
     if s.get("branches"):
         print(f"branches: {', '.join(s['branches'])}")
-    for lane, t in enumerate(s["runs"]):
+    for lane, t in enumerate(s["runs"], start=1):  # lanes numbered from 1, as on the page
         st = t.get("stats", {})
         print(f"\n== lane {lane}: {t['decoder']}  {st.get('new_tokens', '?')} tokens, "
               f"{st.get('target_forwards', '?')} target forwards, finish {st.get('finish_reason', '?')}")

@@ -133,3 +133,15 @@ def test_python_dash_m_is_the_same_program(llama_dir):
                         "--decoder", "nope", "--prompt", "x"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: unknown decoder 'nope'; try `playground list-decoders`"]
+
+
+def test_compare_numbers_lanes_from_1_as_the_page(capsys):
+    """The CLI's lanes are the page's lane 1..N (a preset of four lanes, two tokens each)."""
+    from playground.presets import load_preset
+
+    lanes = load_preset("truncation-samplers")["lanes"]
+    code, out, err = run_cli(capsys, "compare", "--preset", "truncation-samplers", "--max-new-tokens", "2")
+    assert code == 0, err
+    heads = [ln for ln in out.splitlines() if ln.startswith("== ")]
+    assert [h.split(":")[0] for h in heads] == [f"== lane {j}" for j in range(1, len(lanes) + 1)]
+    assert all(f": {lane['decoder']}:" in h for h, lane in zip(heads, lanes))

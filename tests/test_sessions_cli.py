@@ -84,7 +84,7 @@ def test_default_database_from_env(capsys, db: Path, tmp_path: Path, monkeypatch
 
 def test_show(capsys, db: Path, ids: list[str]) -> None:
     code, out, _ = cli(capsys, "show", ids[1], "--db", str(db))
-    assert code == 0 and "second" in out and "lane 1: top_p" in out and make_trace("top_p", seed=2)["text"] in out
+    assert code == 0 and "second" in out and "lane 1: top_k" in out and "lane 2: top_p" in out and make_trace("top_p", seed=2)["text"] in out
     code, out, _ = cli(capsys, "show", ids[1], "--json", "--db", str(db))
     assert json.loads(out)["runs"] == [make_trace("top_k", seed=1), make_trace("top_p", seed=2)]
 
