@@ -146,7 +146,7 @@ def test_read_commands_never_create_a_database(capsys, tmp_path: Path) -> None:
     (["rename", "@ID", "   "], "title cannot be empty"),
     (["import", "@NOTJSON"], "not valid JSON"),
     (["import", "@WRONG"], "not a session export"),
-    (["import", "@BADTRACE"], "run 0: trace is missing field"),
+    (["import", "@BADTRACE"], "lane 1: trace is missing field"),
     (["import", "@BIG"], "the limit here is"),
     (["import", "@MISSING"], "cannot read"),
     ([], "sessions needs a command"),
