@@ -34,8 +34,8 @@ def _cells(agg: dict[str, Any]) -> dict[tuple[int, ...], dict[str, Any]]:
 
 
 def sweep_heatmap(agg: dict[str, Any], metric: str, title: str | None = None) -> go.Figure:
-    """``metric`` per cell of a two-knob sweep: rows the first knob's values, columns the
-    second's; each cell's text is its mean (± spread over repeats)."""
+    """``metric`` per cell of a two-knob sweep: rows the first knob's values (top down, as the
+    printed grid), columns the second's; each cell's text is its mean (± spread over repeats)."""
     name = title or metric.replace("_", " ")
     knobs = agg.get("knobs") or []
     if len(knobs) != 2:
@@ -64,7 +64,7 @@ def sweep_heatmap(agg: dict[str, Any], metric: str, title: str | None = None) ->
                        xaxis={"title": plot_text(knobs[1]["name"]), "tickvals": list(range(len(cols))),
                               "ticktext": [plot_text(_label(v)) for v in cols]},
                        yaxis={"title": plot_text(knobs[0]["name"]), "tickvals": list(range(len(rows))),
-                              "ticktext": [plot_text(_label(v)) for v in rows]})
+                              "ticktext": [plot_text(_label(v)) for v in rows], "autorange": "reversed"})
 
 
 def sweep_line(agg: dict[str, Any], metric: str, title: str | None = None) -> go.Figure:
