@@ -113,6 +113,8 @@ def build_grid(decoder: str, knobs: list[tuple[str, list[str]]], fixed: dict[str
     n_cells = math.prod(len(a["values"]) for a in axes)
     if n_cells > MAX_CELLS:
         raise PlaygroundError(f"the sweep has {n_cells} cells; the limit is {MAX_CELLS}")
+    if max_new_tokens < 1:
+        raise PlaygroundError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if not 1 <= repeats <= MAX_REPEATS:
         raise PlaygroundError(f"--repeats must be between 1 and {MAX_REPEATS}, got {repeats}")
     tokens = n_cells * repeats * max_new_tokens
@@ -267,7 +269,8 @@ def table(agg: dict[str, Any], metric: str = "perplexity") -> str:
             f"{v}: {_fmt(at[(i,)][metric], at[(i,)][metric + '_spread'], digits[metric], at[(i,)]['repeats'])}"
             for i, v in enumerate(agg["knobs"][0]["values"]) if (i,) in at))
     rows.append(f"{agg.get('decoder')} · {len(agg['cells'])} cells x {repeats} repeat(s) · model {agg.get('model')} · "
-                f"perplexity under {agg.get('scorer')} · agreement with greedy"
+                f"perplexity under {agg.get('scorer')}"
+                + (" · agreement with greedy" if agg.get("greedy") else " · no greedy reference (agreement -)")
                 + (" · ± is the standard deviation over the repeats" if repeats > 1 else ""))
     return "\n".join(rows)
 
@@ -292,7 +295,7 @@ def write_figures(agg: dict[str, Any], directory: str | os.PathLike[str]) -> lis
 # ---------------------------------------------------------------------- the command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``sweep`` options to ``parser``."""
-    parser.add_argument("--decoder", required=True, help="the decoder to sweep")
+    parser.add_argument("--decoder", default=None, help="the decoder to sweep (not needed with --report)")
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2,...",
                         help="a swept knob and its values (comma list, or START:STOP:STEP with both ends); "
                              "once or twice")
@@ -323,6 +326,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         if not os.path.exists(args.out):
             raise PlaygroundError(f"no sweep at {args.out}")
+    elif not args.decoder:
+        raise PlaygroundError("sweep needs --decoder NAME (or --report to print a stored sweep)")
     else:
         _run_sweep(args)
     with Store(args.out) as store:
@@ -356,7 +361,7 @@ def _run_sweep(args: argparse.Namespace) -> None:
     grid = build_grid(args.decoder, [parse_knob(k) for k in args.knob], fixed, args.repeats, args.max_new_tokens)
     prompt = args.prompt if args.prompt is not None else read_prompts(DEFAULT_PROMPTS)[0][1]
     lanes = [{"decoder": args.decoder, "knobs": c["params"], "draft": args.draft} for c in grid["cells"]]
-    # every lane is checked (model, prompt, budget) before anything runs
+    # the prompt and the settings are checked once here; each run's lane by prepare_lanes
     base = plan_compare(lanes=lanes[:1], model=args.model, prompt=prompt, seed=args.seed,
                         max_new_tokens=args.max_new_tokens)
     load_kwargs = {"device": args.device, "dtype": args.dtype}

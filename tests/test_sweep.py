@@ -117,7 +117,7 @@ def test_one_repeat_has_no_spread_and_the_aggregate_is_the_stores(one_knob, caps
     path, agg = one_knob
     assert all(c["repeats"] == 1 and c["perplexity_spread"] == 0.0 for c in agg["cells"])
     assert aggregate(_sessions(path)) == agg
-    assert main(["sweep", "--decoder", "sample", "--out", str(path), "--report", "--metric", "distinct_2"]) == 0
+    assert main(["sweep", "--out", str(path), "--report", "--metric", "distinct_2"]) == 0
     printed = capsys.readouterr().out
     assert printed.strip() == table(agg, "distinct_2")
     assert "dist-2 by temperature" in printed
@@ -160,6 +160,8 @@ def test_a_cell_reopens_as_a_normal_comparison(two_knobs):
     (["--decoder", "top_p", "--knob", "p=0.1:1:0.1", "--repeats", "4", "--max-new-tokens", "256"], "at most 8192"),
     (["--decoder", "top_p", "--knob", "p=0.5", "--repeats", "0"], "--repeats"),
     (["--decoder", "nope", "--knob", "p=0.5"], "nope"),
+    (["--knob", "p=0.5"], "needs --decoder"),
+    (["--decoder", "top_p", "--knob", "p=0.5", "--max-new-tokens", "0"], "at least 1"),
 ])
 def test_bad_sweeps_are_one_line(argv, words, tmp_path, capsys):
     out = tmp_path / "sweep.db"
