@@ -214,3 +214,18 @@ def test_figures_of_a_stored_sweep(two_knobs, tmp_path):
     assert "heatmap" in html and (tmp_path / "plotly.min.js").exists()
     z = sweep_heatmap(agg, "perplexity").data[0].z
     assert [[c["perplexity"] for c in agg["cells"][2 * i:2 * i + 2]] for i in range(2)] == [list(r) for r in z]
+
+
+@pytest.mark.slow
+def test_a_speculative_sweep_reports_acceptance_and_stays_on_greedy(tmp_path):
+    out = tmp_path / "gamma.db"
+    rc, text = _run(["sweep", "--decoder", "speculative", "--draft", "tiny-shakespeare-draft", "--knob", "gamma=1,3",
+                     "--max-new-tokens", "6", "--out", str(out), "--json", "--no-progress"])
+    assert rc == 0
+    agg = json.loads(text)
+    for cell in agg["cells"]:
+        stats = next(s["runs"][0]["stats"] for s in _cells(out) if s["settings"]["sweep"]["cell"] == cell["index"])
+        # the decoder's own counts of drafted and accepted tokens
+        assert cell["acceptance_rate"] == pytest.approx(stats["accepted_tokens"] / stats["drafted_tokens"], abs=1e-4)
+        assert cell["agreement"] == 1.0  # lossless at temperature 0: greedy's text, whatever gamma
+        assert cell["tokens_per_target_forward"] == pytest.approx(stats["new_tokens"] / stats["target_forwards"], abs=1e-4)
