@@ -405,7 +405,11 @@ class Verified:
 
     def row(self, node: int) -> torch.Tensor:
         """Target logits at a tree node (``ROOT`` = the last committed token)."""
-        return self.rows[self.n_pending - 1 + (0 if node == ROOT else node + 1)]
+        return self.rows[self.row_index(node)]
+
+    def row_index(self, node: int) -> int:
+        """Which of ``rows`` holds the target logits at a tree node."""
+        return self.n_pending - 1 + (0 if node == ROOT else node + 1)
 
 
 class SpecDecoder(Decoder):
@@ -549,12 +553,17 @@ class SpecDecoder(Decoder):
         self._walk(ctx, v)
         # evidence p for nodes whose parent the walk did not reach
         at_parent: dict[int, torch.Tensor] = {}
-        for i in range(len(tree)):
-            if not tree.aux[i] and i not in v.node_info:
-                par = tree.parents[i]
-                if par not in at_parent:
-                    at_parent[par] = self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ())
-                v.node_info[i] = {"p": float(at_parent[par][tree.tokens[i]]), "accept_prob": None, "accepted": False}
+        unreached = [i for i in range(len(tree)) if not tree.aux[i] and i not in v.node_info]
+        # where the rules' distribution is the rows' softmax, one batched softmax serves them all
+        # (a long rejected lookup draft otherwise pays one softmax per node)
+        batch = (torch.softmax(rows.float(), -1) if unreached and (self.greedy or self.plain_chain == "softmax")
+                 and bool(torch.isfinite(rows).all()) else None)
+        for i in unreached:
+            par = tree.parents[i]
+            if par not in at_parent:
+                at_parent[par] = (batch[v.row_index(par)] if batch is not None else
+                                  self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ()))
+            v.node_info[i] = {"p": float(at_parent[par][tree.tokens[i]]), "accept_prob": None, "accepted": False}
         # cache: everything before, the pending tokens, then the accepted path
         keep = list(range(past + n_pend)) + [past + n_pend + i for i in v.path]
         select_cache(self.cache, keep)
