@@ -37,7 +37,8 @@ import torch
 
 from decoders._cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask, rollback_cache,
                              select_cache)
-from decoders.ar import constraint_stage, dist_evidence, sample_index, watch_evidence
+from decoders.ar import (checked_probs, constraint_stage, descending_order, dist_evidence, pick_in_order,
+                        sample_index, watch_evidence)
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
 from decoders.guided._constraint import constraint_params
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
@@ -250,13 +251,18 @@ def columns_mask(rows: Sequence[Sequence[int]], prefix: int, kv_len: int, dtype:
 # ---------------------------------------------------------------------- drafting helpers
 def draw_without_replacement(probs: torch.Tensor, k: int, us: Sequence[float]) -> list[int]:
     """Up to ``k`` distinct tokens drawn in sequence from ``probs`` without replacement
-    (each draw from the renormalised rest), using one uniform per draw."""
+    (each draw from the renormalised rest, as :func:`sample_index` draws), using one
+    uniform per draw. The layout is sorted once: removing a drawn token does not reorder
+    the others (see :func:`pick_in_order`)."""
     p = probs.detach().double().cpu().clone()
     out: list[int] = []
+    order = None
     for j in range(k):
         if float(p.sum()) <= 0.0:
             break
-        t = sample_index(p, float(us[j]))
+        if order is None:
+            order = descending_order(checked_probs(p))
+        t = pick_in_order(p, order, float(us[j]))
         out.append(t)
         p[t] = 0.0
     return out
@@ -499,7 +505,11 @@ class Verified:
 
     def row(self, node: int) -> torch.Tensor:
         """Target logits at a tree node (``ROOT`` = the last committed token)."""
-        return self.rows[self.n_pending - 1 + (0 if node == ROOT else node + 1)]
+        return self.rows[self.row_index(node)]
+
+    def row_index(self, node: int) -> int:
+        """Which of ``rows`` holds the target logits at a tree node."""
+        return self.n_pending - 1 + (0 if node == ROOT else node + 1)
 
 
 class SpecDecoder(Decoder):
@@ -560,6 +570,13 @@ class SpecDecoder(Decoder):
 
     def target_probs(self, ctx: Context, logits: torch.Tensor, extra: Sequence[int] = ()) -> torch.Tensor:
         """The sampling distribution of the chain at this context (one-hot at temperature 0)."""
+        if self.plain_chain is not None:
+            # the chain is temperature 0 alone (a point mass) or empty (the softmax): computed
+            # without the chain's tensor passes, which every verified row and drafted token
+            # pays; logits the chain would repair (NaN, +inf, none finite) still go through it
+            top = int(torch.argmax(logits))
+            if math.isfinite(float(logits[top])):
+                return one_hot(top, logits) if self.plain_chain == "argmax" else torch.softmax(logits.float(), -1)
         return self.chain.probs(logits.float(), self.history(ctx, extra))
 
     def rule_probs(self, ctx: Context, logits: torch.Tensor, extra: Sequence[int] = ()) -> torch.Tensor:
@@ -590,6 +607,8 @@ class SpecDecoder(Decoder):
         chain_knobs = {k: knobs[k] for k in CHAIN_DEFAULTS if k in knobs}
         chain_knobs["temperature"] = float(knobs.get("temperature", 0.0))
         self.chain = build_chain(chain_knobs, ctx.target.tokenizer, ctx.target.vocab_size)
+        items = [p.item for p in self.chain.processors]
+        self.plain_chain = "argmax" if self.greedy and items == ["temperature"] else "softmax" if not items else None
         self.rule = Rule(knobs)
         self.prompt = list(ctx.prompt_ids)
         self.out: list[int] = []
@@ -645,12 +664,17 @@ class SpecDecoder(Decoder):
         self._walk(ctx, v)
         # evidence p for nodes whose parent the walk did not reach
         at_parent: dict[int, torch.Tensor] = {}
-        for i in range(len(tree)):
-            if not tree.aux[i] and i not in v.node_info:
-                par = tree.parents[i]
-                if par not in at_parent:
-                    at_parent[par] = self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ())
-                v.node_info[i] = {"p": float(at_parent[par][tree.tokens[i]]), "accept_prob": None, "accepted": False}
+        unreached = [i for i in range(len(tree)) if not tree.aux[i] and i not in v.node_info]
+        # where the rules' distribution is the rows' softmax, one batched softmax serves them all
+        # (a long rejected lookup draft otherwise pays one softmax per node)
+        batch = (torch.softmax(rows.float(), -1) if unreached and (self.greedy or self.plain_chain == "softmax")
+                 and bool(torch.isfinite(rows).all()) else None)
+        for i in unreached:
+            par = tree.parents[i]
+            if par not in at_parent:
+                at_parent[par] = (batch[v.row_index(par)] if batch is not None else
+                                  self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ()))
+            v.node_info[i] = {"p": float(at_parent[par][tree.tokens[i]]), "accept_prob": None, "accepted": False}
         # cache: everything before, the pending tokens, then the accepted path
         keep = list(range(past + n_pend)) + [past + n_pend + i for i in v.path]
         select_cache(self.cache, keep)
@@ -679,7 +703,8 @@ class SpecDecoder(Decoder):
             for c in kids:
                 v.node_info[c] = {"p": float(p_rule[tree.tokens[c]]), "accept_prob": None, "accepted": False}
             if kids:
-                us = [self.next_uniform(ctx, "accept") for _ in kids]
+                # at temperature 0 every acceptance probability is 0 or 1: no uniform decides
+                us = [0.0] * len(kids) if self.greedy else [self.next_uniform(ctx, "accept") for _ in kids]
                 idx, trials, residual, forced = verify_group(
                     p, [tree.tokens[c] for c in kids], tree.dists.get(node), us, self.rule, p_rule,
                     tree.rule_q.get(node))
@@ -702,7 +727,7 @@ class SpecDecoder(Decoder):
                 lossy_reject = forced
             else:
                 kind, draw_from, lossy_reject = "bonus", p, False
-            tok = sample_index(draw_from, ctx.uniform(pos))
+            tok = sample_index(draw_from, 0.0 if self.greedy else ctx.uniform(pos))  # a point mass at T=0
             v.correction, v.correction_kind = tok, kind
             v.correction_dist = dist_evidence(ctx.target, logits, draw_from.float(), tok,
                                               min(ctx.top_k_evidence, 10))
