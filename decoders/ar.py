@@ -64,15 +64,43 @@ def sample_index(probs: torch.Tensor, u: float) -> int:
     (all zero, NaN or inf) is a bug upstream: it raises PlaygroundError rather than
     returning an arbitrary id.
     """
+    p = checked_probs(probs)
+    if int(torch.count_nonzero(p)) == 1:
+        # a point mass (greedy): every u lands on its token; no sort needed
+        return int(torch.argmax(p))
+    return pick_in_order(p, descending_order(p), u)
+
+
+def checked_probs(probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` as float64 on the CPU; PlaygroundError when it has no finite positive mass."""
     p = probs.detach().double().cpu()
     total_all = float(p.sum()) if p.numel() else 0.0
     if not (total_all > 0.0 and total_all < float("inf")) or bool((p < 0).any()):
         raise PlaygroundError("cannot draw a token: the distribution has no finite probability mass")
-    order = torch.argsort(-p, stable=True)
+    return p
+
+
+def descending_order(p: torch.Tensor) -> torch.Tensor:
+    """Token ids by descending probability, ties by id: the layout of :func:`sample_index`."""
+    return torch.argsort(-p, stable=True)
+
+
+def pick_in_order(p: torch.Tensor, order: torch.Tensor, u: float) -> int:
+    """The inverse-CDF draw of :func:`sample_index` over a layout ``order`` of ``p``.
+
+    ``order`` may be the layout of a distribution some of whose tokens were set to 0 since
+    (draws without replacement sort once): a zero adds nothing to the cumulative sums, so
+    the positive tokens' sums and the total are the ones a fresh sort gives, bit for bit,
+    and the draw is the same token."""
     cdf = torch.cumsum(p[order], 0)
     total = float(cdf[-1])
     j = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=torch.float64)).item())
     j = min(j, len(order) - 1)
+    if float(p[order[j]]) == 0.0:
+        # a removed token: the first live one after it (only at u = 0), else the last live before
+        live = torch.nonzero(p[order[j:]] > 0)
+        if live.numel():
+            return int(order[j + int(live[0, 0])])
     while float(p[order[j]]) == 0.0 and j > 0:  # never land on a removed token
         j -= 1
     return int(order[j])

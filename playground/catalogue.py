@@ -130,7 +130,14 @@ def knob_groups() -> list[tuple[str, str, dict[str, dict[str, Any]]]]:
          spec(chain_params())),
         ("Acceptance rules",
          "How a draft-based decoder decides which drafted tokens stand. `strict` is speculative sampling's rule and "
-         "the only lossless one; the others accept more drafts, change the output and count the tokens they changed.",
+         "the only lossless one; the others accept more drafts, change the output and count the tokens they changed. "
+         "`cactus` (Hao & Mou 2026, https://arxiv.org/abs/2604.04987) raises the drafted token's target probability "
+         "within a KL budget `cactus_delta` and resamples rejections from that modified target, so it changes "
+         "nothing at temperature 0; `additive` and `multiplicative` are the relaxed rules whose rejection region is "
+         "a lower level set of the target (accept when p(x) >= max p - `relax_delta`, or >= `relax_rho` · max p: "
+         "our reading of the relaxed criteria of Sharma 2026, https://arxiv.org/abs/2606.30265). Every verified drafted token records the acceptance "
+         "probability each rule would give it, drawn side by side in the *Acceptance by rule* plot and the draft "
+         "tree's hover.",
          spec(rule_params())),
         ("Constraint knobs",
          "Set one of `regex`, `json_schema`, `grammar` (llguidance) to constrain the output; `logit_bias` and "

@@ -92,6 +92,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         ("sessions", "playground.sessions_cli", "stored sessions: list, export, import, delete"),
         ("watermark-detect", "playground.watermark_cli", "z-score of a green-list watermark in a text"),
         ("study", "playground.study", "run a comparison over a prompt set; aggregate per lane"),
+        ("sweep", "playground.sweep", "run one decoder over a grid of one or two knobs; a grid of metrics"),
         ("attribute", "playground.attribution", "which context tokens drove a step's token (IG, gradient x input)"),
     ):
         sp = sub.add_parser(name, help=help_)
@@ -151,9 +152,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([t.to_dict() for t in traces], ensure_ascii=False))
     else:
-        for t in traces:
+        for lane, t in enumerate(traces, start=1):  # lanes numbered from 1, as on the page
             s = t.stats
-            print(f"== {t.decoder}: {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
+            print(f"== lane {lane}: {t.decoder}: {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
                   f"{s['wall_s']} s\n{t.prompt}{t.text}\n")
     return 0
 

@@ -308,9 +308,15 @@ def same_tokenizer(a: ModelHandle, b: ModelHandle) -> bool:
     if a.tokenizer is b.tokenizer:
         return True
     try:
-        return a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+        return _vocab(a) == _vocab(b)
     except Exception:  # noqa: BLE001
         return False
+
+
+def _vocab(model: Any) -> dict[str, int]:
+    """A model's token table: the handle's copy read once, else the tokenizer's."""
+    table = getattr(model, "vocab", None)
+    return table if isinstance(table, dict) else model.tokenizer.get_vocab()
 
 
 def run_to_end(**request: Any) -> Trace:

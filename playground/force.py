@@ -187,8 +187,10 @@ def attach(run: Any, force: dict[int, int], mode: str) -> Any:
     ctx = run.ctx
     check_force(force, ctx.max_new_tokens, int(ctx.target.vocab_size))
     if mode == "view":
-        # a lossy acceptance rule may accept a drafted token the forced row rules out
-        if run.decoder.family == "speculative" and run.decoder.is_lossy(ctx.params):
+        # a lossy acceptance rule may accept a drafted token the forced row rules out (a decoder
+        # lossy for another reason, as spec_contrastive's contrast, verifies strictly against the forced row)
+        if (run.decoder.family == "speculative" and str(ctx.params.get("accept", "strict")) != "strict"
+                and run.decoder.is_lossy(ctx.params)):
             raise PlaygroundError(f"decoder {run.decoder.name!r} with a lossy acceptance rule cannot take "
                                   "forced tokens (use accept=strict)")
         ctx.target = ForcedView(ctx.target, len(ctx.prompt_ids), force)

@@ -35,12 +35,18 @@ _FAST_DLLM = _arxiv("Wu et al. 2025, Fast-dLLM: Training-free Acceleration of Di
 _SCHED = _arxiv("Mohamed et al. 2025, Fast-Decoding Diffusion Language Models via Progress-Aware "
                 "Confidence Schedules (SchED)", "2512.02892")
 _PROPHET = _arxiv("Li et al. 2025, Diffusion Language Models Know the Answer Before Decoding (Prophet)", "2508.19982")
+_ASS = Paper("Taming Masked Diffusion Language Models via Consistency Trajectory Reinforcement Learning with "
+             "Fewer Decoding Steps: EOS early rejection and the ascending step-size scheduler (authors' code)",
+             "https://github.com/yjyddq/EOSER-ASS-RL")
 _PC = _arxiv("Huang et al. 2025, PC-Sampler: Position-Aware Calibration of Decoding Bias in Masked "
              "Diffusion Models", "2508.13021")
 _CREDIT = _arxiv("CreditDecoding: Accelerating Parallel Decoding in Diffusion Large Language Models with "
                  "Trace Credits (2025)", "2510.06133")
 _TRANSFORMERS_GEN = Paper("Hugging Face transformers, text generation strategies",
                           "https://huggingface.co/docs/transformers/generation_strategies")
+
+_LI_CD = _arxiv("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL)",
+                "2210.15097")
 
 PAPERS: dict[str, tuple[Paper, ...]] = {
     # sampling
@@ -67,7 +73,10 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
              _arxiv("Kasai et al. 2022, A Call for Clarity in Beam Search: How It Works and When It Stops "
                     "(patience; LREC-COLING 2024)", "2204.05424")),
     "best_first_beam": (Paper("Meister, Vieira & Cotterell 2020, Best-First Beam Search (TACL)",
-                              "https://doi.org/10.1162/tacl_a_00346"),),
+                              "https://doi.org/10.1162/tacl_a_00346"),
+                        _arxiv("Xu, Jonnalagadda & Durrett 2022, Massive-scale Decoding for Text Generation using "
+                               "Lattices (NAACL; best-first search with recombination, the recombine knob)",
+                               "2112.07660")),
     "uid_beam": (_arxiv("Meister, Cotterell & Vieira 2020, If Beam Search is the Answer, What was the Question? "
                         "(EMNLP)", "2010.02650"),),
     "diverse_beam": (_arxiv("Vijayakumar et al. 2018, Diverse Beam Search: Decoding Diverse Solutions from Neural "
@@ -90,8 +99,7 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
     # contrastive
     "contrastive_search": (_arxiv("Su et al. 2022, A Contrastive Framework for Neural Text Generation (NeurIPS)",
                                   "2202.06417"),),
-    "contrastive": (_arxiv("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL)",
-                           "2210.15097"),
+    "contrastive": (_LI_CD,
                     _arxiv("O'Brien & Lewis 2023, Contrastive Decoding Improves Reasoning in Large Language Models",
                            "2309.09117")),
     "dola": (_arxiv("Chuang et al. 2024, DoLa: Decoding by Contrasting Layers Improves Factuality in Large "
@@ -115,6 +123,10 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
                   _arxiv("Sun et al. 2023, SpecTr: Fast Speculative Decoding via Optimal Transport (NeurIPS)",
                          "2310.15141"),
                   _arxiv("Yang et al. 2024, Multi-Candidate Speculative Decoding", "2401.06706")),
+    "spec_contrastive": (_arxiv("Yuan et al. 2023, Speculative Contrastive Decoding (ACL 2024)", "2311.08981"),
+                         _LI_CD),
+    "bandit_spec": (_arxiv("Hou et al. 2025, BanditSpec: Adaptive Speculative Decoding via Bandit Algorithms (ICML)",
+                           "2505.15141"),),
     "prompt_lookup": (Paper("Saxena 2023, Prompt Lookup Decoding",
                             "https://github.com/apoorvumang/prompt-lookup-decoding"),
                       _arxiv("Ou et al. 2024, Lossless Acceleration of Large Language Model via Adaptive N-gram "
@@ -143,7 +155,19 @@ PAPERS: dict[str, tuple[Paper, ...]] = {
     "credit": (_CREDIT,),
     "freedave": (_arxiv("Wu & Zhang 2025, Free Draft-and-Verification: Toward Lossless Parallel Decoding for "
                         "Diffusion Large Language Models (FreeDave)", "2510.00294"),),
-    "masked_diffusion": (_LLADA, _DREAM, _FAST_DLLM, _SCHED, _PROPHET, _PC, _CREDIT),
+    "masked_diffusion": (_LLADA, _DREAM, _FAST_DLLM, _SCHED, _PROPHET, _PC, _CREDIT, _ASS),
+    "ete": (_arxiv("Fu et al. 2025, From Bits to Rounds: Parallel Decoding with Exploration for Diffusion "
+                   "Language Models (ETE)", "2511.21103"),),
+    "r2_dllm": (_arxiv("Du et al. 2026, R²-dLLM: Accelerating Diffusion Large Language Models via Spatio-Temporal "
+                       "Redundancy Reduction", "2604.18995"),
+                Paper("R²-dLLM's decoding rules, llada/generate.py", "https://github.com/GATECH-EIC/R2-dLLM")),
+    "localleap": (_arxiv("Kong et al. 2025, Accelerating Diffusion LLM Inference via Local Determinism "
+                         "Propagation (LocalLeap)", "2510.07081"),),
+    "adablock": (_arxiv("Lu et al. 2025, AdaBlock-dLLM: Semantic-Aware Diffusion LLM Inference via Adaptive "
+                        "Block Size", "2509.26432"),
+                 Paper("AdaBlock-dLLM's block-length rule, llada/generate_adablock.py",
+                       "https://github.com/lgxi24/AdaBlock-dLLM")),
+    "ass": (_ASS,),
     # guided
     "constrained_beam": (_arxiv("Post & Vilar 2018, Fast Lexically Constrained Decoding with Dynamic Beam "
                                 "Allocation for Neural Machine Translation (NAACL)", "1804.06609"),

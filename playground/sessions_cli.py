@@ -38,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sh = sub.add_parser("show", help="one session: its lanes and their outputs")
     sh.add_argument("id")
     sh.add_argument("--json", action="store_true", help="print the whole session (with traces) as JSON")
-    ex = sub.add_parser("export", help="write a session as a JSON export")
+    ex = sub.add_parser("export", help="write a session as a JSON export (or, with --html, one HTML page)")
     ex.add_argument("id")
+    ex.add_argument("--html", action="store_true",
+                    help="one self-contained HTML file (text, stats, plots; plotly.js inlined) that opens offline")
     ex.add_argument("-o", "--output", default="-", metavar="FILE", help="file to write (default: stdout)")
     im = sub.add_parser("import", help="store a JSON export as a new session; prints its id")
     im.add_argument("file", help="export file, or - for stdin")
@@ -183,7 +185,7 @@ def _show(store: Any, args: argparse.Namespace) -> int:
         print(f"{_where(s['branch'])} of {s['parent'] or 'a deleted session'}")
     if s.get("branches"):
         print(f"branches: {', '.join(s['branches'])}")
-    for lane, t in enumerate(s["runs"]):
+    for lane, t in enumerate(s["runs"], start=1):  # lanes numbered from 1, as on the page
         st = t.get("stats", {})
         print(f"\n== lane {lane}: {t['decoder']}  {st.get('new_tokens', '?')} tokens, "
               f"{st.get('target_forwards', '?')} target forwards, finish {st.get('finish_reason', '?')}")
@@ -194,7 +196,12 @@ def _show(store: Any, args: argparse.Namespace) -> int:
 def _export(store: Any, args: argparse.Namespace) -> int:
     if store is None:
         raise _missing(args.id)
-    text = json.dumps(store.export_session(args.id), ensure_ascii=False)
+    if args.html:
+        from playground.html_export import session_html
+
+        text = session_html(store.load_session(args.id))
+    else:
+        text = json.dumps(store.export_session(args.id), ensure_ascii=False)
     if args.output == "-":
         print(text)
         return 0

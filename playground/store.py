@@ -187,15 +187,15 @@ def _check_trace(trace: Any, lane: int) -> None:
     try:
         validate_trace_dict(trace)
     except ValueError as e:
-        raise PlaygroundError(f"run {lane}: {e}") from None
-    inputs.seed(trace.get("seed", 0), f"run {lane}'s seed")
+        raise PlaygroundError(f"lane {lane + 1}: {e}") from None
+    inputs.seed(trace.get("seed", 0), f"lane {lane + 1}'s seed")
     tokens = trace.get("tokens")
     if tokens is not None and not (isinstance(tokens, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in tokens.items())):
-        raise PlaygroundError(f"run {lane}: 'tokens' must map token ids to text")
+        raise PlaygroundError(f"lane {lane + 1}: 'tokens' must map token ids to text")
     pieces = trace.get("pieces")
     if pieces is not None and not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)):
-        raise PlaygroundError(f"run {lane}: 'pieces' must be a list of text")
+        raise PlaygroundError(f"lane {lane + 1}: 'pieces' must be a list of text")
 
 
 def _check_owner(owner: Any) -> str | None:
@@ -354,9 +354,9 @@ class Store:
     @staticmethod
     def _run_row(lane: int, trace: dict[str, Any]) -> dict[str, Any]:
         return {"lane": lane, "decoder": trace["decoder"],
-                "params": _dumps(trace["params"], f"run {lane}'s params"),
-                "text": trace["text"], "stats": _dumps(trace["stats"], f"run {lane}'s stats"),
-                "trace": _dumps(trace, f"run {lane}")}
+                "params": _dumps(trace["params"], f"lane {lane + 1}'s params"),
+                "text": trace["text"], "stats": _dumps(trace["stats"], f"lane {lane + 1}'s stats"),
+                "trace": _dumps(trace, f"lane {lane + 1}")}
 
     def _insert_tx(self, conn: sqlite3.Connection, row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         """Insert one session and its runs inside the caller's transaction; return its id."""

@@ -14,6 +14,7 @@ the decoder's own rule chose, where the decoder records it), so a replay shows t
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -202,6 +203,52 @@ def validate_trace_dict(d: Any) -> None:
             isinstance(f, list) and len(f) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                                         for x in f) for f in force)):
         raise ValueError("trace field 'force' must be a list of [position, token_id] pairs")
+    _check_consistency(d)
+
+
+# Step kinds whose committed tokens, in order, are the output (the others' output is chosen at
+# the end: a search's best hypothesis, a diffusion canvas).
+OUTPUT_KINDS = ("token", "draft", "jacobi")
+
+
+def _check_consistency(d: dict[str, Any]) -> None:
+    """The counts of a trace agree with each other: ids are token ids (non-negative integers,
+    and keys of the trace's own vocabulary, its ``tokens`` texts, where it carries one); the
+    output of a run whose steps all commit output tokens is those tokens, in order (cut at
+    ``max_new_tokens``); ``stats.new_tokens`` is :func:`committed_count` and ``stats.steps``
+    the number of steps."""
+    vocab = d.get("tokens")
+    for key in ("prompt_ids", "output_ids"):
+        bad = next((x for x in d[key] if not (isinstance(x, int) and not isinstance(x, bool) and x >= 0)), None)
+        if bad is not None:
+            raise ValueError(f"trace field {key!r} holds {bad!r}, which is not a token id")
+    for j, s in enumerate(d["steps"]):
+        bad = next((x for x in s.get("committed", []) if not (isinstance(x, int) and not isinstance(x, bool)
+                                                               and x >= 0)), None)
+        if bad is not None:
+            raise ValueError(f"trace step {j}: 'committed' holds {bad!r}, which is not a token id")
+    if isinstance(vocab, dict):
+        for key in ("prompt_ids", "output_ids"):
+            unknown = next((x for x in d[key] if str(x) not in vocab), None)
+            if unknown is not None:
+                raise ValueError(f"trace field {key!r} holds token {unknown}, which is not in the trace's "
+                                 f"vocabulary ('tokens' names {len(vocab)} ids)")
+    steps = d["steps"]
+    if steps and all(s.get("kind") in OUTPUT_KINDS for s in steps):
+        committed = [x for s in steps for x in s.get("committed", [])]
+        out = d["output_ids"]
+        if committed[:len(out)] != out:
+            raise ValueError(f"trace output_ids ({len(out)} tokens) are not the tokens its steps committed "
+                             f"({len(committed)})")
+    stats = d["stats"]
+    n = stats.get("new_tokens")
+    if n is not None:
+        want = committed_count(d["output_ids"], steps)
+        if not isinstance(n, int) or isinstance(n, bool) or n != want:
+            raise ValueError(f"trace stats.new_tokens is {n!r}, but its output holds {want} committed tokens")
+    k = stats.get("steps")
+    if k is not None and k != len(steps):
+        raise ValueError(f"trace stats.steps is {k!r}, but it has {len(steps)} steps")
 
 
 # ---------------------------------------------------------------------- figures
@@ -214,6 +261,9 @@ FIGURE_NAMES = {
     "acceptance_rate": "acceptance",
     "mean_accepted_length": "mean accepted length",
     "tokens_per_verification": "tokens per verification",
+    "changed_tokens": "changed tokens",
+    "lossy_tokens": "lossily accepted tokens",
+    "watermark_z": "watermark z",
 }
 
 
@@ -232,6 +282,128 @@ def speculative_figures(drafted: int, accepted: int, verifications: int, committ
     return {"acceptance_rate": ratio(accepted, drafted),
             "mean_accepted_length": ratio(accepted, verifications),
             "tokens_per_verification": ratio(committed, verifications)}
+
+
+def _as_dict(step: Any) -> dict[str, Any]:
+    """A step's JSON-shaped fields, for a :class:`Step` or its dict (anything else: empty)."""
+    if isinstance(step, Step):
+        return {**step.evidence, "kind": step.kind, "committed": step.committed}
+    return step if isinstance(step, dict) else {}
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _node_id(x: Any) -> bool:
+    """Whether ``x`` can name a tree node (hashable and not None)."""
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return x is not None
+
+
+def _ids(xs: Any) -> list[int]:
+    return [x for x in xs if _int(x) is not None] if isinstance(xs, list) else []
+
+
+def draft_nodes(tree: Any) -> list[dict[str, Any]]:
+    """The drafted nodes of a ``tree`` evidence dict: every node with an ``id`` (each is a
+    drafted token, whether the verifier reached it or not)."""
+    if not isinstance(tree, dict) or not isinstance(tree.get("nodes"), list):
+        return []
+    return [n for n in tree["nodes"] if isinstance(n, dict) and _node_id(n.get("id"))]
+
+
+def accepted_nodes(tree: Any) -> list[dict[str, Any]]:
+    """The accepted drafted nodes of a tree, in path order (``accepted_path``, else the nodes
+    flagged ``accepted``)."""
+    nodes = draft_nodes(tree)
+    path = tree.get("accepted_path") if isinstance(tree, dict) else None
+    if isinstance(path, list):
+        by_id = {n["id"]: n for n in nodes}
+        return [by_id.get(i, {"id": i}) for i in path if _node_id(i)]
+    return [n for n in nodes if n.get("accepted") is True]
+
+
+def draft_counts(steps: Sequence[Any]) -> tuple[int, int, int, int] | None:
+    """(drafted, accepted, verifications, committed) over the verifications of ``steps``
+    (:class:`Step` objects or their dicts), or None when there is none.
+
+    A draft step drafted every node of its tree (:func:`draft_nodes`) and accepted its path;
+    a Jacobi iteration drafted its guess window and accepted its ``fixed`` prefix. The
+    decoders' ``drafted_tokens``/``accepted_tokens``/``verifications`` stats count the same."""
+    drafted = accepted = verifications = committed = 0
+    for s in map(_as_dict, steps):
+        if s.get("kind") == "draft" and isinstance(s.get("tree"), dict):
+            drafted += len(draft_nodes(s["tree"]))
+            accepted += len(accepted_nodes(s["tree"]))
+        elif s.get("kind") == "jacobi" and isinstance(s.get("guess"), list):
+            drafted += len(_ids(s["guess"]))
+            accepted += _int(s.get("fixed")) or 0
+        else:
+            continue
+        verifications += 1
+        committed += len(_ids(s.get("committed")))
+    return (drafted, accepted, verifications, committed) if verifications else None
+
+
+def step_figures(steps: Sequence[Any]) -> dict[str, Any]:
+    """Every figure a trace's steps define, by the definitions above, under the stats' names:
+    the speculative figures and their counts (``drafted_tokens``, ``accepted_tokens``,
+    ``verifications``) where there are verifications; ``changed_tokens`` (accepted drafted
+    tokens flagged ``changed``: the verifier would have chosen another token) and
+    ``lossy_tokens`` (accepted by a lossy rule, flagged ``lossy``) where a tree flags any
+    node so; the watermark figures where steps carry ``watermark`` evidence
+    (:func:`watermark_figures`). The decoders' stats, the stats line and the plots all
+    equal these (``tests/test_figures_one_number.py``)."""
+    out: dict[str, Any] = {}
+    counts = draft_counts(steps)
+    if counts is not None:
+        drafted, accepted, verifications, _ = counts
+        out.update(speculative_figures(*counts), drafted_tokens=drafted, accepted_tokens=accepted,
+                   verifications=verifications)
+        trees = [d["tree"] for d in map(_as_dict, steps) if d.get("kind") == "draft" and isinstance(d.get("tree"), dict)]
+        for key, flag in (("changed_tokens", "changed"), ("lossy_tokens", "lossy")):
+            if any(flag in n for t in trees for n in draft_nodes(t)):
+                out[key] = sum(1 for t in trees for n in accepted_nodes(t) if n.get(flag) is True)
+    wm = watermark_figures(steps)
+    if wm is not None:
+        out["watermark"] = wm
+    return out
+
+
+def z_score(green: int, scored: int, gamma: float) -> float:
+    """The watermark detector's figure: how many standard deviations ``green`` of ``scored``
+    tokens is above the ``gamma * scored`` expected of text written without the key."""
+    if scored <= 0:
+        return 0.0
+    return (green - gamma * scored) / math.sqrt(scored * gamma * (1.0 - gamma))
+
+
+def p_value(z: float) -> float:
+    """One-sided p-value of a z-score under the null (text written without the key)."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def watermark_figures(steps: Sequence[Any]) -> dict[str, Any] | None:
+    """The watermark figures of the steps' ``watermark`` evidence (one scored token per
+    step whose ``green`` is true or false; None means unscored): ``z``, ``p_value``,
+    ``scored``, ``green``, ``green_fraction``, ``gamma``; None without watermark evidence.
+    The ``watermark`` decoder's stats and the detector's result on the same token ids
+    (:func:`decoders.guided.watermark.detect`) are these."""
+    marks = [d["watermark"] for d in map(_as_dict, steps) if isinstance(d.get("watermark"), dict)]
+    if not marks:
+        return None
+    gamma = marks[-1].get("gamma")
+    if not isinstance(gamma, (int, float)) or not 0.0 < gamma < 1.0:
+        return None
+    flags = [m.get("green") for m in marks if isinstance(m.get("green"), bool)]
+    scored, green = len(flags), sum(flags)
+    z = z_score(green, scored, float(gamma))
+    return {"z": round(z, 4), "p_value": p_value(z), "scored": scored, "green": green,
+            "green_fraction": round(green / scored, 6) if scored else None, "gamma": gamma}
 
 
 def mask_id_in(steps: Sequence[Any]) -> int | None:

@@ -4,6 +4,11 @@ Prints the z-score, the green fraction, the p-value and the verdict; ``--tokens`
 line per token (green ``+``, red ``-``, unscored ``.``), ``--json`` prints everything,
 per-token green/red and running z included. The settings must be the ones the text was
 written with (``watermark`` decoder knobs or transformers' ``WatermarkingConfig``).
+
+``--trace FILE`` scores a saved run instead (a trace JSON, or a session export with
+``--lane N``, lanes numbered from 1 as on the page): its token ids after its prompt ids, with a
+``watermark`` lane's own settings, so the figure is the one the lane's evidence shows (a
+text re-encoded need not give back the tokens the run sampled).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-shakespeare", help="the model whose tokenizer wrote the text")
     p.add_argument("--text", default=None, help="the text to check")
     p.add_argument("--text-file", default=None, help="read the text from this file instead")
+    p.add_argument("--trace", default=None, help="score a saved run's token ids instead: a trace JSON or a "
+                                                  "session export (with --lane)")
+    p.add_argument("--lane", type=int, default=1, help="with --trace on a session export: the lane, from 1")
     p.add_argument("--prompt", default="", help="the prompt the text followed (lets its first tokens be scored)")
     p.add_argument("--gamma", type=float, default=0.25, help="green-list share (transformers' greenlist_ratio)")
     p.add_argument("--seeding", default="lefthash", choices=list(SCHEMES))
@@ -48,7 +56,35 @@ def _read_text(args: argparse.Namespace) -> str:
             raise PlaygroundError(f"cannot read {args.text_file!r}: {e.strerror or e}") from None
         except UnicodeDecodeError:
             raise PlaygroundError(f"{args.text_file!r} is not UTF-8 text") from None
+    if not text.strip():
+        raise PlaygroundError("give the text to check (--text or --text-file), or a saved run (--trace)")
     return inputs.text("the text", text, limits().max_detect_chars) or ""
+
+
+def _read_trace(args: argparse.Namespace) -> dict:
+    """The trace ``--trace`` names (a session export's lane ``--lane``, from 1), validated."""
+    from playground.errors import PlaygroundError
+    from playground.trace import validate_trace_dict
+
+    if args.text is not None or args.text_file:
+        raise PlaygroundError("give --trace or a text, not both")
+    try:
+        with open(args.trace, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise PlaygroundError(f"cannot read {args.trace!r}: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PlaygroundError(f"{args.trace!r} is not JSON ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        runs = data["runs"]
+        if not 1 <= args.lane <= len(runs):
+            raise PlaygroundError(f"--lane {args.lane}: the session has lanes 1..{len(runs)}")
+        data = runs[args.lane - 1]
+    try:
+        validate_trace_dict(data)
+    except ValueError as e:
+        raise PlaygroundError(f"{args.trace!r}: {e}") from None
+    return data
 
 
 def summary(res: dict) -> str:
@@ -61,17 +97,26 @@ def summary(res: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Detect and print; user errors are PlaygroundError (one line, exit 2)."""
-    from decoders.guided.watermark import detect_text
+    from decoders.guided.watermark import detect_ids, detect_text
     from playground.errors import PlaygroundError
 
     if not 0.0 < args.gamma < 1.0:
         raise PlaygroundError(f"--gamma={args.gamma:g} must be strictly between 0 and 1")
     if args.context_width < 1:
         raise PlaygroundError("--context-width must be at least 1")
-    res = detect_text(args.model, _read_text(args), prompt=args.prompt, gamma=args.gamma, key=args.key,
-                      seeding=args.seeding, context_width=args.context_width,
-                      ignore_repeated_ngrams=args.ignore_repeated_ngrams, z_threshold=args.z_threshold,
-                      device=args.device, trust_remote_code=args.trust_remote_code)
+    common = dict(ignore_repeated_ngrams=args.ignore_repeated_ngrams, z_threshold=args.z_threshold,
+                  device=args.device, trust_remote_code=args.trust_remote_code)
+    if args.trace:
+        tr = _read_trace(args)
+        knobs = tr["params"] if tr["decoder"] == "watermark" else {}
+        res = detect_ids(tr["model"], tr["output_ids"], tr["prompt_ids"],
+                         gamma=float(knobs.get("watermark_gamma", args.gamma)),
+                         key=int(knobs.get("watermark_key", args.key)),
+                         seeding=str(knobs.get("watermark_seeding", args.seeding)),
+                         context_width=int(knobs.get("watermark_context_width", args.context_width)), **common)
+    else:
+        res = detect_text(args.model, _read_text(args), prompt=args.prompt, gamma=args.gamma, key=args.key,
+                          seeding=args.seeding, context_width=args.context_width, **common)
     if args.json:
         print(json.dumps(res, ensure_ascii=False))
         return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -128,8 +128,26 @@ def test_list_models_json(capsys):
     assert {"tiny-shakespeare", "tiny-shakespeare-draft", "tiny-shakespeare-diffusion"} <= set(names)
 
 
-def test_python_dash_m_is_the_same_program(llama_dir):
-    r = subprocess.run([sys.executable, "-m", "playground", "generate", "--model", llama_dir,
-                        "--decoder", "nope", "--prompt", "x"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == ["error: unknown decoder 'nope'; try `playground list-decoders`"]
+def test_python_dash_m_is_the_same_program(llama_dir, monkeypatch, capsys):
+    """``python -m playground`` (playground/__main__.py, run as the interpreter runs it, with
+    the arguments in sys.argv) is the console script: same parser, same one-line error, same
+    exit status. Run in this process: a fresh interpreter cost ~26 s of imports for one line."""
+    monkeypatch.setattr(sys, "argv", ["playground", "generate", "--model", llama_dir, "--decoder", "nope",
+                                      "--prompt", "x"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("playground", run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: unknown decoder 'nope'; try `playground list-decoders`"]
+
+
+def test_compare_numbers_lanes_from_1_as_the_page(capsys):
+    """The CLI's lanes are the page's lane 1..N (a preset of four lanes, two tokens each)."""
+    from playground.presets import load_preset
+
+    lanes = load_preset("truncation-samplers")["lanes"]
+    code, out, err = run_cli(capsys, "compare", "--preset", "truncation-samplers", "--max-new-tokens", "2")
+    assert code == 0, err
+    heads = [ln for ln in out.splitlines() if ln.startswith("== ")]
+    assert [h.split(":")[0] for h in heads] == [f"== lane {j}" for j in range(1, len(lanes) + 1)]
+    assert all(f": {lane['decoder']}:" in h for h, lane in zip(heads, lanes))

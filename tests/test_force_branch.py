@@ -63,8 +63,9 @@ def test_divergence_figure_is_registered_and_draws(lanes):
     assert ("Divergence between lanes", divergence_figure) in COMPARE_PLOTS
     fig = divergence_figure(lanes)
     names = [t.name for t in fig.data]
-    assert "2: top_p JS" in names and "3: greedy JS" in names
-    assert list(fig.data[names.index("3: greedy JS")].y) == [0.0] * BASE["max_new_tokens"]
+    # the greedy lane is identical to lane 1 (greedy too): 0 everywhere, and named so
+    assert "2: top_p JS" in names and "3: greedy · identical (0) JS" in names
+    assert list(fig.data[names.index("3: greedy · identical (0) JS")].y) == [0.0] * BASE["max_new_tokens"]
     assert divergence_figure(lanes[:1]).layout.annotations[0].text.startswith("one lane")
     assert divergence_figure([{}, {"steps": "junk"}]).layout.annotations  # a note, never a raise
 

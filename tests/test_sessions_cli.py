@@ -84,7 +84,7 @@ def test_default_database_from_env(capsys, db: Path, tmp_path: Path, monkeypatch
 
 def test_show(capsys, db: Path, ids: list[str]) -> None:
     code, out, _ = cli(capsys, "show", ids[1], "--db", str(db))
-    assert code == 0 and "second" in out and "lane 1: top_p" in out and make_trace("top_p", seed=2)["text"] in out
+    assert code == 0 and "second" in out and "lane 1: top_k" in out and "lane 2: top_p" in out and make_trace("top_p", seed=2)["text"] in out
     code, out, _ = cli(capsys, "show", ids[1], "--json", "--db", str(db))
     assert json.loads(out)["runs"] == [make_trace("top_k", seed=1), make_trace("top_p", seed=2)]
 
@@ -146,7 +146,7 @@ def test_read_commands_never_create_a_database(capsys, tmp_path: Path) -> None:
     (["rename", "@ID", "   "], "title cannot be empty"),
     (["import", "@NOTJSON"], "not valid JSON"),
     (["import", "@WRONG"], "not a session export"),
-    (["import", "@BADTRACE"], "run 0: trace is missing field"),
+    (["import", "@BADTRACE"], "lane 1: trace is missing field"),
     (["import", "@BIG"], "the limit here is"),
     (["import", "@MISSING"], "cannot read"),
     ([], "sessions needs a command"),

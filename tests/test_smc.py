@@ -175,9 +175,15 @@ def fisher_one_sided(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float:
 SEEDS = range(16)
 
 
-def test_regex_potential_steers_towards_matches():
+@pytest.fixture(scope="module")
+def plain_texts():
+    """The plain samples both steering tests compare against (the same runs: decoded once)."""
+    return {s: gen("sample", s)["text"] for s in SEEDS}
+
+
+def test_regex_potential_steers_towards_matches(plain_texts):
     pattern = r"[^,.;:!?']*"  # no punctuation at all
-    plain = sum(bool(regex.fullmatch(pattern, gen("sample", s)["text"])) for s in SEEDS)
+    plain = sum(bool(regex.fullmatch(pattern, plain_texts[s])) for s in SEEDS)
     steered = [gen("smc", s, num_particles=8, match_regex=pattern) for s in SEEDS]
     hits = sum(bool(regex.fullmatch(pattern, t["text"])) for t in steered)
     assert hits > plain and fisher_one_sided(plain, len(SEEDS), hits, len(SEEDS)) < 0.01
@@ -185,8 +191,8 @@ def test_regex_potential_steers_towards_matches():
     assert sum(t["stats"]["resamples"] for t in steered) > 0
 
 
-def test_keyword_potential_steers_towards_the_keyword():
-    plain = sum("lord" in gen("sample", s)["text"].lower() for s in SEEDS)
+def test_keyword_potential_steers_towards_the_keyword(plain_texts):
+    plain = sum("lord" in plain_texts[s].lower() for s in SEEDS)
     hits = sum("lord" in gen("smc", s, num_particles=16, keywords="lord")["text"].lower() for s in SEEDS)
     assert hits > plain and fisher_one_sided(plain, len(SEEDS), hits, len(SEEDS)) < 0.01
 

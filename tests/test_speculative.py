@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from decoders.base import all_decoders, get_decoder
+from decoders.processors import History, build_chain
 from decoders.speculative._verify import (ROOT, Rule, Tree, select_cache, tree_inputs, verify_group)
 from playground.engine import prepare
 from playground.errors import PlaygroundError
@@ -87,7 +88,7 @@ def test_family_registered():
         cls = get_decoder(name)
         assert cls.family == "speculative" and cls.kind == "causal" and cls.lossless
         assert cls.reference and cls.description
-        assert cls.needs_draft == (name in ("speculative", "spec_tree"))
+        assert cls.needs_draft == (name in ("speculative", "spec_tree", "bandit_spec"))
         for knob, spec in cls.params.items():
             assert spec.help, f"{name}.{knob} has no help"
     assert get_decoder("speculative")().is_lossy({"accept": "top_m"})
@@ -341,6 +342,72 @@ def test_draft_step_evidence(varied, varied_draft):
     assert abs(sum(d["stats"]["source_share"].values()) - 1.0) < 1e-3
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_speculative_stops_drafting_on_the_drafts_confidence(varied, varied_draft, temperature):
+    """Each draft ends where its rule says, read against the draft model's own distribution
+    recomputed here: every drafted token but the last has q >= confidence, and the step's
+    draft_stop names the rule that ended it (confidence, the γ cap, the run's length)."""
+    gamma, floor, n = 6, 0.4, 24
+    tr = run(varied, "speculative", PROMPTS[1], n, draft=varied_draft, temperature=temperature, seed=4,
+             gamma=gamma, confidence=floor)
+    done, reasons = list(tr.prompt_ids), set()
+    for s in tr.steps:
+        nodes, stop = s.evidence["tree"]["nodes"], s.evidence["draft_stop"]
+        if not nodes:  # the last token: nothing left to draft
+            assert stop == {"reason": "length", "drafted": 0} and len(done) - len(tr.prompt_ids) == n - 1
+            done += s.committed
+            continue
+        toks = [nd["token"] for nd in nodes]
+        logits = varied_draft.forward(done + toks).logits[0, len(done) - 1:]
+        chain = build_chain({"temperature": temperature})
+        qs = [float((torch.softmax(logits[i], -1) if temperature == 0 else
+                     chain.probs(logits[i], History(ids=done + toks[:i], prompt_len=len(tr.prompt_ids),
+                                                     pos=0)))[t]) for i, t in enumerate(toks)]
+        assert [nd["q"] for nd in nodes] == pytest.approx(qs, rel=1e-4, abs=1e-6)
+        assert stop["drafted"] == len(nodes) and all(q >= floor for q in qs[:-1])
+        room = n - (len(done) - len(tr.prompt_ids)) - 1
+        want = "confidence" if qs[-1] < floor else "gamma" if len(nodes) == gamma else "length"
+        assert len(nodes) == min(gamma, room) or want == "confidence"
+        assert stop["reason"] == want and stop["q"] == pytest.approx(qs[-1], rel=1e-4, abs=1e-6)
+        reasons.add(want)
+        done += s.committed
+    assert "confidence" in reasons and len(tr.output_ids) == n
+
+
+def test_confidence_zero_drafts_to_the_cap(varied, varied_draft):
+    """confidence = 0 (and adaptive_h = 1) is plain speculative sampling: γ tokens every step."""
+    tr = run(varied, "speculative", PROMPTS[0], 20, draft=varied_draft, gamma=4, confidence=0.0)
+    left = 20
+    for s in tr.steps:
+        assert len(s.evidence["tree"]["nodes"]) == min(4, left - 1)
+        assert s.evidence["draft_stop"]["reason"] in ("gamma", "length")
+        left -= len(s.committed)
+    assert tr.output_ids == run(varied, "greedy", PROMPTS[0], 20).output_ids
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_spec_tree_grows_only_confident_nodes(varied, varied_draft, temperature):
+    """A tree node the draft gives q below confidence is never expanded; a tree that stops
+    for confidence has no node at its deepest level that reaches it."""
+    floor = 0.3
+    tr = run(varied, "spec_tree", PROMPTS[1], 24, draft=varied_draft, temperature=temperature, seed=2,
+             depth=6, confidence=floor)
+    reasons = set()
+    for s in tr.steps:
+        nodes, stop = s.evidence["tree"]["nodes"], s.evidence["draft_stop"]
+        parents = {nd["parent"] for nd in nodes}
+        assert all(nd["q"] >= floor for nd in nodes if nd["id"] in parents)
+        depth = {}
+        for nd in nodes:
+            depth[nd["id"]] = 1 if nd["parent"] is None else depth[nd["parent"]] + 1
+        if stop["reason"] == "confidence":
+            deepest = max(depth.values())
+            assert all(nd["q"] < floor for nd in nodes if depth[nd["id"]] == deepest)
+        assert stop["drafted"] == len(nodes)
+        reasons.add(stop["reason"])
+    assert "confidence" in reasons
+
+
 def test_jacobi_steps(varied):
     tr = run(varied, "jacobi", PROMPTS[2], 15, window=4)
     for s in tr.steps:
@@ -415,7 +482,8 @@ def test_missing_draft_is_rejected(varied):
         prepare(model=varied, decoder="speculative", prompt="ROMEO:")
 
 
-@pytest.mark.parametrize("knob,value", [("gamma", 0), ("gamma", 33), ("gamma", 2.5), ("accept", "loose")])
+@pytest.mark.parametrize("knob,value", [("gamma", 0), ("gamma", 33), ("gamma", 2.5), ("accept", "loose"),
+                                        ("confidence", 1.5), ("confidence", -0.1)])
 def test_bad_knobs_are_rejected(varied, varied_draft, knob, value):
     with pytest.raises(PlaygroundError, match=knob):
         prepare(model=varied, decoder="speculative", prompt="ROMEO:", draft=varied_draft, params={knob: value})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from decoders.base import get_decoder
 from playground.engine import prepare
 from test_speculative import LOSSLESS  # derived from the registry there
 
@@ -29,7 +30,7 @@ def models():
 
 def _run(target, decoder, prompt, n, draft=None, **params):
     r = prepare(model=target, decoder=decoder, prompt=prompt, max_new_tokens=n,
-                draft=draft if decoder in ("speculative", "spec_tree") else None, params=params)
+                draft=draft if get_decoder(decoder).needs_draft else None, params=params)
     r.ctx.stop_ids = set()
     return r.finish()
 

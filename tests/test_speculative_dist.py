@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from decoders.base import all_decoders
+from decoders.base import all_decoders, get_decoder
 from decoders.processors import History, build_chain
 from playground.engine import prepare
 from playground.models import handle_from_model
@@ -50,6 +50,8 @@ VARIED_PROMPT = "JULIET: O Romeo, Romeo"
 REPEATING = "[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter CERS.]\n\n[Enter"
 CASES = {
     "speculative": Case("varied", VARIED_PROMPT, {"gamma": 2}, runs=1500),
+    # the bandit's γ changes between rounds; UCB tries both arms first, then follows its bounds
+    "bandit_spec": Case("varied", VARIED_PROMPT, {"arms": "1,2", "ucb_c": 0.5}, runs=1500),
     "spec_tree": Case("varied", VARIED_PROMPT, {"depth": 2, "topk": 2, "width": 2, "budget": 6}, runs=1500),
     "layer_skip": Case("varied", VARIED_PROMPT, {"exit_layer": 1, "gamma": 2}),
     "mask_probe": Case("varied", VARIED_PROMPT, {"probes": 2, "topk": 2, "budget": 6}),
@@ -160,7 +162,7 @@ def test_samples_follow_target_distribution(request, decoder):
     prompt_ids = None
     for seed in range(case.runs):
         r = prepare(model=target, decoder=decoder, prompt=case.prompt, max_new_tokens=case.tokens,
-                    draft=draft if decoder in ("speculative", "spec_tree", "diffuspec") else None, seed=seed,
+                    draft=draft if get_decoder(decoder).needs_draft else None, seed=seed,
                     params={**chain, **case.knobs})
         r.ctx.stop_ids = set()
         tr = r.finish()

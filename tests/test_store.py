@@ -184,7 +184,7 @@ def test_save_rejects_bad_traces(store: Store, db: Path) -> None:
     broken = make_trace()
     del broken["steps"]
     cases = [
-        ([make_trace(), broken], "run 1: trace is missing field"),
+        ([make_trace(), broken], "lane 2: trace is missing field"),
         ([], "at least one run"),
         ([dict(make_trace(), tokens=[1, 2])], "'tokens' must map"),
         ([dict(make_trace(), schema=99)], "unsupported trace schema"),
@@ -233,8 +233,8 @@ def _export_variants(good: dict) -> list[tuple[object, str]]:
         (json.dumps(dict(good, runs={"a": 1})), "at least one run"),
         (json.dumps(dict(good, settings="x")), "settings must be a JSON object"),
         (json.dumps(dict(good, prompt=3)), "prompt must be text"),
-        (json.dumps(bad_trace), "run 1: trace step 0 has no valid kind"),
-        (bad_trace, "run 1: trace step 0 has no valid kind"),
+        (json.dumps(bad_trace), "lane 2: trace step 0 has no valid kind"),
+        (bad_trace, "lane 2: trace step 0 has no valid kind"),
         (42, "must be a session export"),
     ]
 

@@ -65,19 +65,23 @@ def test_a_lane_prefills_text_prompt_model_and_its_watermark_settings(view):
     marked = playground.generate(model=MODEL, decoder="watermark", prompt=PROMPT, max_new_tokens=64, seed=4, **knobs)
     plain = playground.generate(model=MODEL, decoder="greedy", prompt=PROMPT, max_new_tokens=8)
     out = view.on_from_lane([plain, marked], 2)
-    text, prompt, model, gamma, seeding, key, width, status = out
+    text, prompt, model, gamma, seeding, key, width, status, filled = out
     assert (text, prompt, model) == (marked["text"], PROMPT, MODEL)
     assert (gamma, seeding, key, width) == (0.5, "selfhash", "12345", 1)
     assert "lane 2" in status.lower()
-    status, _tokens, _fig = view.on_detect(model, text, prompt, gamma, seeding, key, width)
+    status, _tokens, _fig = view.on_detect(model, text, prompt, gamma, seeding, key, width, filled)
     assert _z(status) > 4
+    # the tab scores the lane's own tokens: its z is the one the lane's stats show
+    from playground.trace import watermark_figures
+
+    assert _z(status) == pytest.approx(watermark_figures(marked["steps"])["z"], abs=0.01)
     # the same text under the default settings is not detected: the settings matter
     assert _z(view.on_detect(MODEL, text, prompt, *DEFAULTS)[0]) < 4
     # a lane that is not watermarked gives its text only; the settings stay as they are
     out = view.on_from_lane([plain, marked], 1)
     assert out[0] == plain["text"]
     assert all(v == gr.skip() for v in out[3:7])
-    assert "no output" in view.on_from_lane([], 1)[-1]
+    assert "no output" in view.on_from_lane([], 1)[-2]
 
 
 @pytest.mark.parametrize("args,why", [

@@ -219,7 +219,10 @@ def unmask_heatmap(trace: dict[str, Any], step: int | None = None) -> go.Figure:
 
 def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Per position at one denoise step: confidence (bars, coloured by the position's
-    state), margin and entropy (lines) — what the remasking policy ranked on."""
+    state), margin and entropy (lines) — what the remasking policy ranked on. A position
+    filled at an earlier step shows the confidence it was committed with. The x axis is the
+    canvas, one bar per position, whatever the policy (random remasking commits positions far
+    apart)."""
     title = "Per-position confidence, margin, entropy"
     i, s = pick_step(trace, step)
     if s is None:
@@ -245,20 +248,28 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
             state.append("masked")
         else:
             state.append("filled earlier")
+    # A position filled at an earlier step has no score at this one (a policy scores the masked
+    # positions): its bar is the confidence it was committed with, at the step that committed it.
+    before = commit_state(trace, i - 1) if i > 0 else CommitState()
+    conf = [num(at(series["confidence"], p)) for p in xs]
     hover = []
     for p in xs:
         tok = at(canvas, p)
         txt = "mask" if p >= len(canvas) or is_masked(tok, mid) else plot_text(visible(token_text(trace, tok)))
-        hover.append(f"position {p}: <b>{txt}</b> ({state[p]})<br>confidence {fmt(at(series['confidence'], p))}"
+        line = f"confidence {fmt(conf[p])}"
+        if state[p] == "filled earlier" and conf[p] is None and before.confidence.get(p) is not None:
+            conf[p] = before.confidence[p]
+            line = f"confidence {fmt(conf[p])} when committed at step {before.step.get(p)}"
+        hover.append(f"position {p}: <b>{txt}</b> ({state[p]})<br>{line}"
                      f"<br>margin {fmt(at(series['margin'], p))}<br>entropy {fmt(at(series['entropy'], p), 2)} nats")
     fig = go.Figure()
-    conf = [num(at(series["confidence"], p)) for p in xs]
     # One bar trace per state, so the legend explains the colours (short names: a lane card's
-    # legend has room for about two entries a row).
+    # legend has room for about two entries a row). Bars are one position wide whatever the
+    # gaps between a state's positions (plotly would widen two far-apart bars to fill the gap).
     for name, colour in STATE_COLOURS.items():
         sel = [p for p in xs if state[p] == name]
         if sel:
-            fig.add_bar(x=sel, y=[conf[p] for p in sel], name=name, marker_color=colour,
+            fig.add_bar(x=sel, y=[conf[p] for p in sel], name=name, marker_color=colour, width=0.8,
                         hovertext=[hover[p] for p in sel], hoverinfo="text")
     if any(num(v) is not None for v in series["margin"]):
         fig.add_scatter(x=xs, y=[num(at(series["margin"], p)) for p in xs], name="margin (top1 − top2)",
@@ -268,7 +279,8 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
         fig.add_scatter(x=xs, y=[num(at(series["entropy"], p)) for p in xs], name="entropy (nats)",
                         mode="lines", yaxis="y2", line={"color": ENTROPY, "width": 1.5, "dash": "dot"},
                         connectgaps=False, hovertext=hover, hoverinfo="text")
-    base_layout(fig, f"{title} · step {i}", xaxis_title="position in the canvas", barmode="overlay",
+    base_layout(fig, f"{title} · step {i}", barmode="overlay",
+                xaxis={"title": "position in the canvas", "range": [-0.5, n - 0.5], "dtick": int_dtick(n, 16)},
                 yaxis={"title": "confidence (bars) · margin", "range": [0, 1.05]},
                 yaxis2={"title": "entropy (nats)", "overlaying": "y", "side": "right", "showgrid": False,
                         "rangemode": "tozero", "tickformat": ".2~f"})

@@ -231,12 +231,13 @@ def divergence_html(traces: list[dict[str, Any]]) -> str:
     prefix = "".join(r.text for r in recs[0][:agree])
     shown = visible(prefix[-60:]) if prefix else ""
     if common is None:
-        head = (f"All lanes agree on all {agree} tokens they share"
-                + (f": “…{shown}”" if shown else "") + ".")
+        share = "the one token they share" if agree == 1 else f"all {agree} tokens they share"
+        head = f"All lanes agree on {share}" + (f": “…{shown}”" if shown else "") + "."
     elif agree == 0:
         head = "The lanes differ from the first token on."
     else:
-        head = f"All lanes agree on the first {agree} tokens" + (f" (“…{shown}”)" if shown else "") + \
+        first = "the first token" if agree == 1 else f"the first {agree} tokens"
+        head = f"All lanes agree on {first}" + (f" (“…{shown}”)" if shown else "") + \
             f"; they first diverge at position {agree}."
     rows = []
     for lane, (tr, rs) in enumerate(zip(traces, recs)):

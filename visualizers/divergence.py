@@ -21,34 +21,115 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from visualizers._common import LANE_COLOURS, base_layout, empty_figure, ints, plot_text, steps_of
+from playground.trace import accepted_nodes
+from visualizers._common import LANE_COLOURS, base_layout, empty_figure, ints, num, plot_text, steps_of
 from visualizers.compare import lane_name
 
 FLOOR = 1e-6
 WHICH = {"final": "final_probs", "raw": "raw_probs"}
 
 
-def position_dists(trace: dict[str, Any], which: str = "final") -> dict[int, tuple[list[int], list[float]]]:
-    """``{output position: (top ids, probabilities)}`` from the trace's token steps.
+def _temperature_zero(trace: dict[str, Any]) -> bool:
+    """Whether the lane decoded at temperature 0 (its knob says so): each token is then the
+    argmax, so the distribution it was drawn from is a point mass on it."""
+    params = trace.get("params") if isinstance(trace.get("params"), dict) else {}
+    t = num(params.get("temperature"))
+    return t is not None and t == 0.0
 
-    Only steps that commit one token and record a ``dist`` give a position its distribution;
-    other kinds (a draft step's several tokens, a beam step, a diffusion canvas) still move the
-    position on, but leave no entry for the positions they committed.
+
+def _recorded(dist: Any, key: str) -> tuple[list[int], list[float]] | None:
+    if not isinstance(dist, dict):
+        return None
+    ids, probs = ints(dist.get("top_ids")), dist.get(key) or []
+    if ids and isinstance(probs, list) and len(ids) == len(probs) and all(num(p) is not None for p in probs):
+        return ids, [max(float(p), 0.0) for p in probs]
+    return None
+
+
+def position_dists(trace: dict[str, Any], which: str = "final") -> dict[int, tuple[list[int], list[float]]]:
+    """``{output position: (ids, probabilities)}``: the distribution each position was drawn
+    from (``final``) or the model's own (``raw``), as far as the trace records it. A partial
+    record (one token's probability) is a coarser partition of the same distribution (that
+    token, the rest), which :func:`lumped` compares as it is.
+
+    - token steps: the recorded top-K (``dist``);
+    - draft steps: an accepted drafted token has the target's probability ``p`` of it (raw;
+      final too, since a lossless rule commits each position from the target's distribution,
+      and at temperature 0 that is a point mass); the correction or bonus token has its
+      recorded ``correction_dist``;
+    - Jacobi iterations: final only, a point mass on each committed token (Jacobi decoding is
+      greedy: a guess stands only where it is the argmax); no probabilities are recorded;
+    - denoise steps: each position's committed token with its confidence when it was
+      committed (raw; final too, a point mass at temperature 0), the last commit winning;
+    - beam steps: none (see :func:`unrecorded`).
     """
     key = WHICH.get(which, "final_probs")
+    final = key == "final_probs"
+    zero = _temperature_zero(trace)
     out: dict[int, tuple[list[int], list[float]]] = {}
     pos = 0
+
+    def point(tok: int, p: Any) -> tuple[list[int], list[float]] | None:
+        if final and zero:
+            return [tok], [1.0]
+        q = num(p)
+        return ([tok], [max(0.0, min(1.0, q))]) if q is not None else None
+
     for s in steps_of(trace):
-        if s.get("kind") == "denoise":
-            continue
+        kind = s.get("kind")
         committed = ints(s.get("committed"))
-        dist = s.get("dist")
-        if len(committed) == 1 and isinstance(dist, dict):
-            ids, probs = ints(dist.get("top_ids")), dist.get(key) or []
-            if len(ids) == len(probs) and ids:
-                out[pos] = (ids, [max(float(p), 0.0) for p in probs])
+        if kind == "denoise":
+            canvas = s.get("canvas") if isinstance(s.get("canvas"), list) else []
+            conf = s.get("confidence") if isinstance(s.get("confidence"), list) else []
+            for p in ints(s.get("remasked")):
+                out.pop(p, None)
+            for p in ints(s.get("unmasked")):
+                tok = canvas[p] if p < len(canvas) else None
+                if isinstance(tok, int) and not isinstance(tok, bool):
+                    d = point(tok, conf[p] if p < len(conf) else None)
+                    if d is not None:
+                        out[p] = d
+            continue
+        if kind == "token" and len(committed) == 1:
+            d = _recorded(s.get("dist"), key)
+            if d is not None:
+                out[pos] = d
+        elif kind == "draft" and isinstance(s.get("tree"), dict):
+            nodes = accepted_nodes(s["tree"])
+            for j, n in enumerate(nodes[:len(committed)]):
+                tok = n.get("token")
+                if isinstance(tok, int) and tok == committed[j]:
+                    d = point(tok, n.get("p"))
+                    if d is not None:
+                        out[pos + j] = d
+            if len(committed) > len(nodes):
+                d = _recorded(s.get("correction_dist"), key)
+                if d is not None:
+                    out[pos + len(nodes)] = d
+        elif kind == "jacobi" and final:
+            for j, tok in enumerate(committed):
+                out[pos + j] = ([tok], [1.0])
         pos += len(committed)
     return out
+
+
+# Why a lane kind has no per-position distribution to compare (said in the plot).
+UNRECORDED = {
+    "beam": "a search picks whole hypotheses, it draws no position from a distribution",
+    "jacobi": "Jacobi records guesses, not probabilities",
+}
+
+
+def unrecorded(trace: dict[str, Any], which: str = "final") -> str | None:
+    """Why a lane gives no position a distribution (None when it gives some, or has no steps)."""
+    steps = steps_of(trace)
+    if not steps or position_dists(trace, which):
+        return None
+    kinds = {s.get("kind") for s in steps}
+    for kind, why in UNRECORDED.items():
+        if kind in kinds:
+            return why
+    return "no probabilities recorded"
 
 
 def lumped(p: tuple[list[int], list[float]], q: tuple[list[int], list[float]]) -> tuple[list[float], list[float]]:
@@ -135,16 +216,23 @@ def divergence_figure(traces: list[dict[str, Any]], reference: int = 0, which: s
     ref = traces[reference]
     fig = go.Figure()
     drawn = 0
+    left_out: list[str] = []
+    why_ref = unrecorded(ref, which)
     for lane, tr in enumerate(traces):
         if lane == reference:
             continue
         rows = lane_divergence(ref, tr, which)
         if not rows:
+            why = why_ref if why_ref else unrecorded(tr, which)
+            if why:
+                left_out.append(f"{lane + 1} ({plot_text(str(tr.get('decoder') or 'lane'))}: {why})")
             continue
         drawn += 1
         colour = LANE_COLOURS[lane % len(LANE_COLOURS)]
         xs = [r["position"] for r in rows]
         name = plot_text(lane_name(tr, lane))
+        if all(r["js"] == 0 and r["kl_ab"] == 0 and r["kl_ba"] == 0 for r in rows):
+            name += " · identical (0)"
         fig.add_trace(go.Scatter(x=xs, y=[r["js"] for r in rows], mode="lines+markers", name=f"{name} JS",
                                  line={"color": colour}, legendgroup=str(lane),
                                  hovertemplate="position %{x}<br>JS %{y:.4f} nats<extra>" + name + "</extra>"))
@@ -162,7 +250,13 @@ def divergence_figure(traces: list[dict[str, Any]], reference: int = 0, which: s
             fig.add_trace(go.Scatter(x=forced, y=[0.0] * len(forced), mode="markers", name="forced token",
                                      marker={"symbol": "x", "size": 10, "color": colour}, legendgroup=str(lane),
                                      hovertemplate="forced token at position %{x}<extra></extra>"))
+    note = ""
+    if why_ref:
+        note = f"lane {reference + 1} ({plot_text(str(ref.get('decoder') or 'lane'))}) cannot be compared: {why_ref}"
+    elif left_out:
+        note = "not included: lane " + "; lane ".join(left_out)
     if not drawn:
-        return empty_figure("no lane shares a prefix with recorded distributions with the reference", title)
-    return base_layout(fig, title, subtitle=f"recorded top-K, the rest lumped · {which} probabilities · nats",
+        return empty_figure(note or "no lane shares a prefix with recorded distributions with the reference", title)
+    sub = f"recorded top-K, the rest lumped · {which} probabilities · nats" + (f" · {note}" if note else "")
+    return base_layout(fig, title, subtitle=sub,
                        xaxis={"title": "output position"}, yaxis={"title": "nats", "rangemode": "tozero"})

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from playground.trace import FIGURE_NAMES, committed_count
+from playground.trace import FIGURE_NAMES, committed_count, step_figures
 from visualizers._common import html_token, ints, num, steps_of, token_text, visible
 from visualizers.canvas import commit_state, canvas_of, denoise_steps, is_masked, mask_id_of, MASK_GLYPH
 from visualizers.dist import chosen_probs
-from visualizers.tree import accepted_ids, trace_figures, tree_nodes
+from visualizers.tree import accepted_ids, tree_nodes
 from visualizers.watermark import GREEN_BG, RED_BG
 
 METRICS = ("probability", "entropy", "acceptance", "unmask_step", "watermark", "none")
@@ -290,36 +290,69 @@ def legend_html(metric: str) -> str:
     return f'<div class="tok-legend" style="font-size:0.85em;display:flex;flex-wrap:wrap;align-items:center">{body}</div>'
 
 
-def stats_line(trace: dict[str, Any]) -> str:
-    """tokens · target forwards · tokens/forward · acceptance · mean accepted length · time ·
-    tokens/s (escaped text). The speculative figures come from the trace's steps, by the
-    definitions of :mod:`playground.trace`, so the line agrees with the plots live and for
-    traces stored before a definition changed."""
+def stats_figures(trace: dict[str, Any]) -> dict[str, Any]:
+    """The figures the stats line shows, as numbers: ``new_tokens``, ``target_forwards``,
+    ``draft_forwards``, ``tokens_per_target_forward``, ``wall_s`` and, from the trace's steps by
+    the definitions of :func:`playground.trace.step_figures`, the speculative figures with
+    their counts, ``changed_tokens``/``lossy_tokens`` and ``watermark`` (so the line agrees
+    with the plots live and for traces stored before a definition changed). A trace without
+    steps for a figure falls back to its stored stats."""
     if not isinstance(trace, dict):
-        return ""
+        return {}
     stats = trace.get("stats") if isinstance(trace.get("stats"), dict) else {}
     steps = steps_of(trace)
     last = steps[-1] if steps else {}
+
+    def count(key: str) -> int:
+        v = stats.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        v = last.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
     n = stats.get("new_tokens")
-    if not isinstance(n, int):
+    if not isinstance(n, int) or isinstance(n, bool):
         n = committed_count(ints(trace.get("output_ids")), steps)
-    tf = stats.get("target_forwards")
-    tf = tf if isinstance(tf, int) else (last.get("target_forwards") if isinstance(last.get("target_forwards"), int) else 0)
-    df = stats.get("draft_forwards")
-    df = df if isinstance(df, int) else (last.get("draft_forwards") if isinstance(last.get("draft_forwards"), int) else 0)
+    tf, df = count("target_forwards"), count("draft_forwards")
     wall = num(stats.get("wall_s"))
-    if wall is None:
-        wall = num(last.get("t"))
+    out: dict[str, Any] = {"new_tokens": n, "target_forwards": tf, "draft_forwards": df,
+                           "tokens_per_target_forward": round(n / tf, 4) if tf else 0.0,
+                           "wall_s": wall if wall is not None else num(last.get("t"))}
+    figs = step_figures(steps)
+    if "acceptance_rate" not in figs and num(stats.get("acceptance_rate")) is not None:
+        figs.update({k: num(stats.get(k)) for k in ("acceptance_rate", "mean_accepted_length")})
+    for key in ("changed_tokens", "lossy_tokens"):
+        if key not in figs and isinstance(stats.get(key), int):
+            figs[key] = stats[key]
+    if "watermark" not in figs and isinstance(stats.get("watermark"), dict):
+        figs["watermark"] = stats["watermark"]
+    out.update(figs)
+    return out
+
+
+def stats_line(trace: dict[str, Any]) -> str:
+    """tokens · target forwards · tokens/forward · acceptance · mean accepted length · changed
+    tokens · watermark z · time · tokens/s (escaped text), the figures of
+    :func:`stats_figures`."""
+    if not isinstance(trace, dict):
+        return ""
+    stats = trace.get("stats") if isinstance(trace.get("stats"), dict) else {}
+    f = stats_figures(trace)
+    n, tf, df, wall = f["new_tokens"], f["target_forwards"], f["draft_forwards"], f["wall_s"]
     parts = [f"{n} {FIGURE_NAMES['new_tokens']}", f"{tf} target forwards" + (f" (+{df} draft)" if df else "")]
     if tf:
-        parts.append(f"{n / tf:.2f} {FIGURE_NAMES['tokens_per_target_forward']}")
-    figs = trace_figures(trace)
-    if figs is None and num(stats.get("acceptance_rate")) is not None:
-        figs = {k: num(stats.get(k)) for k in ("acceptance_rate", "mean_accepted_length")}
-    if figs is not None:
-        parts.append(f"{FIGURE_NAMES['acceptance_rate']} {100 * (figs['acceptance_rate'] or 0.0):.0f}%")
-        if figs.get("mean_accepted_length") is not None:
-            parts.append(f"{FIGURE_NAMES['mean_accepted_length']} {figs['mean_accepted_length']:.2f}")
+        parts.append(f"{f['tokens_per_target_forward']:.2f} {FIGURE_NAMES['tokens_per_target_forward']}")
+    spec = "acceptance_rate" in f
+    if spec:
+        parts.append(f"{FIGURE_NAMES['acceptance_rate']} {100 * (f['acceptance_rate'] or 0.0):.0f}%")
+        if f.get("mean_accepted_length") is not None:
+            parts.append(f"{FIGURE_NAMES['mean_accepted_length']} {f['mean_accepted_length']:.2f}")
+    for key in ("changed_tokens", "lossy_tokens"):
+        if isinstance(f.get(key), int):
+            parts.append(f"{f[key]} {FIGURE_NAMES[key]}")
+    wm = f.get("watermark")
+    if isinstance(wm, dict) and num(wm.get("z")) is not None and isinstance(wm.get("scored"), int):
+        parts.append(f"{FIGURE_NAMES['watermark_z']} {wm['z']:.2f} ({wm.get('green')}/{wm['scored']} green)")
     masked = stats.get("masked_positions")
     if isinstance(masked, int) and masked > 0:
         parts.append(f"{masked} positions still masked")
@@ -335,6 +368,6 @@ def stats_line(trace: dict[str, Any]) -> str:
     mismatch = stats.get("lossless_mismatch")
     if isinstance(mismatch, int) and mismatch > 0:  # a lossless lane left greedy's path: say so, with the count
         parts.append(f"lossless_mismatch: {mismatch}")
-    if trace.get("lossy") and figs is not None:
+    if trace.get("lossy") and spec:
         parts.append("lossy acceptance")
     return html.escape(" · ".join(str(p) for p in parts))

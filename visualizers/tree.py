@@ -15,6 +15,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from playground.trace import FIGURE_NAMES, speculative_figures
+from playground.trace import accepted_nodes, draft_nodes
+from playground.trace import draft_counts as trace_draft_counts
 from visualizers._common import (
     ACCEPTED, BONUS, CORRECTION, HEIGHT, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt, int_dtick,
     ints, label, num, pick_step, plot_text, steps_of, visible, token_text, wrong_kind,
@@ -47,10 +49,9 @@ def _hashable(x: Any) -> bool:
 
 
 def tree_nodes(tree: Any) -> list[dict[str, Any]]:
-    """The well-formed nodes of a ``tree`` evidence dict (each with a hashable ``id``)."""
-    if not isinstance(tree, dict) or not isinstance(tree.get("nodes"), list):
-        return []
-    return [n for n in tree["nodes"] if isinstance(n, dict) and _hashable(n.get("id"))]
+    """The well-formed nodes of a ``tree`` evidence dict (each with a hashable ``id``):
+    :func:`playground.trace.draft_nodes`, the drafted tokens the figures count."""
+    return draft_nodes(tree)
 
 
 def accepted_ids(tree: dict[str, Any]) -> list[Any]:
@@ -62,8 +63,8 @@ def accepted_ids(tree: dict[str, Any]) -> list[Any]:
 
 
 def accepted_length(tree: Any) -> int:
-    """How many drafted tokens a step accepted."""
-    return len(accepted_ids(tree)) if isinstance(tree, dict) else 0
+    """How many drafted tokens a step accepted (:func:`playground.trace.accepted_nodes`)."""
+    return len(accepted_nodes(tree))
 
 
 def tree_depth(tree: Any) -> int:
@@ -268,9 +269,13 @@ def _node_hover(trace: dict[str, Any], n: dict[str, Any], status: str, depth: in
     ap = num(n.get("accept_prob"))
     if ap is None and q and p is not None:
         ap = min(1.0, p / q)
+    rules = n.get("rule_probs") if isinstance(n.get("rule_probs"), dict) else {}
+    # every rule's acceptance probability for this token, side by side (the trace's nodes carry them)
+    side = "".join(f"<br>  {plot_text(r)}: {fmt(v, 3)}" for r, v in rules.items() if r != "strict")
     return (f"<b>{tx}</b> (#{n.get('token')})<br>{status} · depth {depth}<br>"
             f"q (draft) = {fmt(q, 4)}<br>p (target) = {fmt(p, 4)}<br>"
-            f"accept prob = {fmt(ap, 3)}<br>source: {plot_text(n.get('source') or '–')}")
+            f"accept prob = {fmt(ap, 3)}" + (f"<br>by rule (strict {fmt(rules.get('strict'), 3)}):{side}" if side else "")
+            + f"<br>source: {plot_text(n.get('source') or '–')}")
 
 
 def _draft_steps(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -278,23 +283,9 @@ def _draft_steps(trace: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def draft_counts(trace: dict[str, Any]) -> tuple[int, int, int, int] | None:
-    """(drafted, accepted, verifications, committed) over the trace's verifications, or
-    None when it has none. A draft step drafted its tree's nodes and accepted its path; a
-    Jacobi iteration drafted its guess window and accepted its ``fixed`` prefix."""
-    drafted = accepted = steps = committed = 0
-    for s in steps_of(trace):
-        if s.get("kind") == "draft" and isinstance(s.get("tree"), dict):
-            drafted += len(tree_nodes(s["tree"]))
-            accepted += accepted_length(s["tree"])
-        elif s.get("kind") == "jacobi" and isinstance(s.get("guess"), list):
-            fixed = s.get("fixed")
-            drafted += len(ints(s.get("guess")))
-            accepted += fixed if isinstance(fixed, int) and not isinstance(fixed, bool) else 0
-        else:
-            continue
-        steps += 1
-        committed += len(ints(s.get("committed")))
-    return (drafted, accepted, steps, committed) if steps else None
+    """(drafted, accepted, verifications, committed) over the trace's verifications, or None
+    when it has none (:func:`playground.trace.draft_counts`, the decoders' definition)."""
+    return trace_draft_counts(steps_of(trace))
 
 
 def trace_figures(trace: dict[str, Any]) -> dict[str, float] | None:

@@ -46,7 +46,9 @@ class SpecCascade(Decoder):
     model tokens the large model would not have chosen — so the trace is flagged and
     ``stats.changed_tokens`` counts them; the rule ``always`` defers everywhere and is exactly
     the large model's greedy text (speculative decoding at temperature 0). Steps are draft
-    steps (the draft tree view) whose nodes also carry ``deferred`` and ``changed``.
+    steps (the draft tree view) whose nodes also carry ``deferred`` and ``changed``; the
+    drafted tokens after the first replaced one are nodes too (never reached), so the tree's
+    nodes are the ``drafted_tokens`` the acceptance counts.
     Simplifies: greedy only; the paper's sampled token-level mixture is not implemented.
     """
 
@@ -117,6 +119,11 @@ class SpecCascade(Decoder):
                 changed += int(x != best)
                 if x in ctx.stop_ids:
                     break
+            # every drafted token is a node of the tree (and counts as drafted), reached or not
+            for i in range(len(nodes), len(toks)):
+                nodes.append({"id": i, "parent": i - 1 if i else None, "token": toks[i],
+                              "q": round(float(qs[i][toks[i]]), 6), "p": None, "accept_prob": None,
+                              "accepted": False, "source": "draft-model"})
             if correction is None and not (new and new[-1] in ctx.stop_ids):
                 correction, kind = argmax(rows[base + len(toks)]), "bonus"
             drafted += len(toks)

@@ -30,7 +30,12 @@ position above a confidence threshold (many per step when the model is sure); `s
 `prophet` stop refining early once the whole span, or the top-2 gap, is confident;
 `pc_sampler` reweights positions to avoid committing trivial tokens first; `credit` carries
 confidence across steps; `freedave` is lossless: the same text as one-token-per-step decoding
-in fewer forwards; `masked_diffusion` exposes every choice as a knob.
+in fewer forwards; `masked_diffusion` exposes every choice as a knob. Plans that decide
+with more than one step's scores, each with its own plots: `ete` also commits a few of the
+most uncertain positions to set off cascades of confident ones (bits per round);
+`r2_dllm` commits confident windows and proposals that stayed stable; `localleap` lets
+confident anchors pull their neighbours in at a lower threshold; `adablock` ends each
+block at a confident predicted delimiter; `ass` commits 1, 2, 4, ... positions per step.
 
 **Knobs that matter:** `gen_length` (canvas size), `steps` (fewer steps = more tokens per
 step), `block_length` (semi-autoregressive blocks), `threshold` for the threshold plans and

@@ -14,8 +14,9 @@ some of them. Four choices are pluggable (a :class:`Recipe` holds them):
 * **plan** -- ``even`` (LLaDA: ``mask_count // steps`` per step of each block, the
   remainder to the first steps), ``dream`` (``1 - s/t`` of the masked positions over
   ``linspace(1, eps, steps + 1)``, the rest on the last step), ``origin`` (Dream's random
-  order: each masked position with probability ``1 - s/t``), ``threshold`` (Fast-dLLM,
-  A043: every position scoring above the threshold, and at least the best one);
+  order: each masked position with probability ``1 - s/t``), ``ascending`` (ASS, A149: few
+  commits in the first steps of a block and geometrically more later), ``threshold``
+  (Fast-dLLM, A043: every position scoring above the threshold, and at least the best one);
   on top of these an early **exit** (SchED A214, Prophet A268) commits everything at once.
 * **blocks** -- semi-autoregressive blocks of ``block_length``; positions after the current
   block are never committed early (except by an early exit, which commits all).
@@ -41,7 +42,7 @@ from playground.errors import PlaygroundError
 from playground.trace import Step
 
 SCORES = ("prob", "margin", "neg_entropy", "random")
-PLANS = ("even", "dream", "origin", "threshold")
+PLANS = ("even", "dream", "origin", "ascending", "threshold")
 EXITS = ("none", "sched", "prophet")
 TOKEN_SAMPLERS = ("gumbel", "categorical")
 SCHED_SHAPES = ("linear", "cosine", "exp")
@@ -64,6 +65,8 @@ class Recipe:
     cfg_scale: float = 0.0
     eps: float = 1e-3
     threshold: float = 0.9
+    # Ascending step size (A149): ratio of one step's commits to the previous step's
+    growth: float = 2.0
     # PC-Sampler (A157)
     position_decay: float = 0.0
     calibrate: bool = False
@@ -99,6 +102,46 @@ def even_schedule(mask_count: int, steps: int) -> list[int]:
     """LLaDA's ``get_num_transfer_tokens``: ``mask_count // steps`` each, remainder first."""
     base, rem = divmod(int(mask_count), int(steps))
     return [base + (1 if i < rem else 0) for i in range(steps)]
+
+
+def ascending_schedule(mask_count: int, steps: int, growth: float = 2.0) -> list[int]:
+    """ASS: commits per step growing by ``growth`` each step, summing to ``mask_count``.
+
+    The cumulative count after step ``i`` is ``n * (growth^(i+1) - 1) / (growth^steps - 1)``
+    rounded half up, so with ``n = 2^steps - 1`` and growth 2 the steps commit exactly
+    1, 2, 4, ..., 2^(steps-1), as the authors' scheduler does; for another ``n`` the last step
+    takes what is left. ``growth`` 1 spreads the commits evenly. Every step commits at least
+    one position (``steps`` may not exceed ``mask_count``).
+    """
+    n, s = int(mask_count), int(steps)
+    if s <= 0 or n < s:
+        raise PlaygroundError(f"an ascending schedule needs 1 to {n} steps, not {s}")
+    g = float(growth)
+    out, prev = [], 0
+    for i in range(s):
+        if i == s - 1:
+            cum = n
+        else:
+            # (g^(i+1) - 1) / (g^s - 1), written with negative powers so a long canvas cannot overflow
+            frac = (i + 1) / s if g <= 1.0 + 1e-9 else (g ** (i + 1 - s) - g ** -s) / (1 - g ** -s)
+            cum = min(max(math.floor(n * frac + 0.5), prev + 1), n - (s - 1 - i))
+        out.append(cum - prev)
+        prev = cum
+    return out
+
+
+def ascending_steps(mask_count: int, growth: float = 2.0) -> int:
+    """The fewest steps of a pure geometric schedule from one commit: the smallest ``s`` with
+    ``1 + growth + ... + growth^(s-1) >= mask_count`` (``mask_count`` steps at growth 1)."""
+    n, g = int(mask_count), float(growth)
+    if g <= 1.0 + 1e-9:
+        return max(n, 1)
+    s, total, k = 0, 0.0, 1.0
+    while total < n:
+        total += k
+        k *= g
+        s += 1
+    return max(min(s, n), 1)
 
 
 def dream_timesteps(steps: int, eps: float) -> torch.Tensor:
@@ -333,7 +376,7 @@ def select(ctx: Context, rc: Recipe, lay: Layout, prop: Proposal, eligible: torc
         p_transfer = 1.0 if last else float(1 - ts[i + 1] / ts[i])
         u = torch.from_numpy(ctx.uniforms(step, g, "diffusion-order"))[prop.pos[idx]]
         return idx[u < p_transfer], {"plan": "origin", "p_transfer": r5(p_transfer)}
-    k = schedule[i] if rc.plan == "even" else dream_count(n, ts, i)
+    k = schedule[i] if rc.plan in ("even", "ascending") else dream_count(n, ts, i)
     k = min(k, n)
     if k <= 0:
         return idx[:0], {"plan": rc.plan, "k": 0}
@@ -403,7 +446,11 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
     ``commit_step`` per position, and ``early_exit_step`` where an exit rule is set).
     """
     rc.check()
-    lay = make_layout(ctx, rc.gen_length, rc.steps, rc.block_length, fixed_steps=rc.plan != "threshold")
+    steps = rc.steps
+    if rc.plan == "ascending" and not steps:  # 0 = the geometric schedule's own step count
+        free = make_layout(ctx, rc.gen_length, 0, rc.block_length, fixed_steps=False)
+        steps = free.num_blocks * ascending_steps(free.block_length, rc.growth)
+    lay = make_layout(ctx, rc.gen_length, steps, rc.block_length, fixed_steps=rc.plan != "threshold")
     view, p0, g = ctx.target, lay.prompt_len, lay.gen_length
     x = new_canvas(ctx, lay)
     commit_step = [-1] * g
@@ -416,7 +463,8 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
     ts = dream_timesteps(spb, rc.eps) if rc.plan in ("dream", "origin") else None
     for b in range(lay.num_blocks):
         s0, s1 = lay.block(b)
-        schedule = even_schedule(s1 - s0, spb) if rc.plan == "even" else []
+        schedule = (even_schedule(s1 - s0, spb) if rc.plan == "even" else
+                    ascending_schedule(s1 - s0, spb, rc.growth) if rc.plan == "ascending" else [])
         i = 0
         while bool((x[p0 + s0:p0 + s1] == lay.mask_id).any()):
             ctx.check_cancel()
@@ -438,6 +486,9 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
                 eligible = (prop.pos >= s0) & (prop.pos < s1)
                 chosen, plan_ev = select(ctx, rc, lay, prop, eligible, i, step, ts, schedule)
                 extra["plan"] = plan_ev
+                if rc.plan == "ascending":
+                    extra["schedule"] = {"planned": schedule, "even": even_schedule(s1 - s0, spb),
+                                         "index": i, "growth": r5(rc.growth)}
             st = denoise_step(lay, x, prop, chosen, (s0, s1), **extra)
             for p in st.evidence["unmasked"]:
                 commit_step[p] = step

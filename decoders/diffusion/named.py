@@ -273,18 +273,21 @@ class CreditDecoding(DiffusionDecoder):
 class MaskedDiffusion(DiffusionDecoder):
     """The composable sampler with every choice exposed (score, plan, exit, token sampling).
 
+    With plan ``ascending`` and ``steps`` 0 the step count is the geometric one, as in ``ass``.
+
     For experiments beyond the named recipes: e.g. Dream's schedule with LLaDA's Gumbel
     sampling, a margin-ranked threshold, or PC-Sampler's weight on top of Fast-dLLM.
     """
 
     name = "masked_diffusion"
     description = "The composable masked-diffusion sampler with every choice as a knob"
-    reference = "Composition of LLaDA, Dream, Fast-dLLM, SchED, Prophet, PC-Sampler, CreditDecoding"
+    reference = "Composition of LLaDA, Dream, Fast-dLLM, SchED, Prophet, PC-Sampler, CreditDecoding, ASS"
     params = Params(
         gen_length=gen_length(), steps=steps(" (unused by plan threshold)"), block_length=block_length(),
         score=Choice("prob", SCORES, "what ranks the masked positions"),
-        plan=Choice("even", ("even", "dream", "origin", "threshold"),
-                    "how many to commit: LLaDA even, Dream 1 - s/t, Dream random origin, threshold"),
+        plan=Choice("even", ("even", "dream", "origin", "ascending", "threshold"),
+                    "how many to commit: LLaDA even, Dream 1 - s/t, Dream random origin, ascending "
+                    "(ASS: 1, 2, 4, ... per step), threshold"),
         exit=Choice("none", ("none", "sched", "prophet"), "early exit rule (needs a fixed schedule)"),
         token=Choice("gumbel", ("gumbel", "categorical"),
                      "token sampling: LLaDA Gumbel-max in float64, or Dream per-position top-k/top-p"),
@@ -293,6 +296,7 @@ class MaskedDiffusion(DiffusionDecoder):
         top_k=Int(0, 0, 1000, "top-k filter (token=categorical; 0 = off)"),
         alg_temp=Float(0.0, 0.0, 5.0, "> 0 draws positions from softmax(score / alg_temp)"),
         threshold=Float(0.9, 0.0, 1.0, "plan threshold: commit scores above this"),
+        growth=Float(2.0, 1.0, 4.0, "plan ascending: each step commits about this many times the previous one"),
         cfg_scale=cfg_scale(), eos_penalty=eos_penalty(),
         position_decay=Float(0.0, 0.0, 2.0, "PC-Sampler position weight exp(-decay * position)"),
         calibrate=Bool(False, "PC-Sampler calibration by -log token prior"),
@@ -304,7 +308,8 @@ class MaskedDiffusion(DiffusionDecoder):
         return Recipe(gen_length=p["gen_length"], steps=p["steps"], block_length=p["block_length"],
                       score=p["score"], plan=p["plan"], exit=p["exit"], token=p["token"],
                       temperature=p["temperature"], top_p=p["top_p"], top_k=p["top_k"],
-                      alg_temp=p["alg_temp"], threshold=p["threshold"], cfg_scale=p["cfg_scale"],
+                      alg_temp=p["alg_temp"], threshold=p["threshold"], growth=p["growth"],
+                      cfg_scale=p["cfg_scale"],
                       eos_penalty=p["eos_penalty"], position_decay=p["position_decay"],
                       calibrate=p["calibrate"], credit_weight=p["credit_weight"],
                       credit_decay=p["credit_decay"])

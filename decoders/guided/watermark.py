@@ -18,7 +18,6 @@ watermarked on a GPU has other green lists than the same settings give on a CPU.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator, Sequence
@@ -31,13 +30,16 @@ from decoders.guided._constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
 from decoders.sampling import ChainDecoder, chain_picker, coupling_param
 from playground.errors import PlaygroundError
-from playground.trace import Step
+from playground.trace import Step, p_value, z_score  # the figures' one definition
 
 DEFAULT_KEY = 15485863  # transformers' default hashing key (the millionth prime)
 TABLE_SIZE = 1_000_003  # transformers' selfhash lookup table
 SCHEMES = ("lefthash", "selfhash")
 SELFHASH_CANDIDATES = 40  # transformers (after the paper's repository) tests the top 40 only
 MAX_KEY = 2**63 - 1
+# Said wherever the detector is asked about no text: the page and the CLI each name their own
+# input (the CLI's --text/--text-file line is its own, in playground/watermark_cli.py).
+EMPTY_TEXT = "there is no text to check: paste the text (or take a lane's output) and detect again"
 
 
 @lru_cache(maxsize=4)
@@ -182,18 +184,6 @@ class WatermarkStage(Processor):
     def last(self) -> dict[str, Any]:
         """Evidence of the latest call: green mass before/after the bias (or ``skipped``)."""
         return self._last
-
-
-def z_score(green: int, scored: int, gamma: float) -> float:
-    """How many standard deviations ``green`` of ``scored`` is above ``gamma * scored``."""
-    if scored <= 0:
-        return 0.0
-    return (green - gamma * scored) / math.sqrt(scored * gamma * (1.0 - gamma))
-
-
-def p_value(z: float) -> float:
-    """One-sided p-value of a z-score under the null (text written without the key)."""
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
 def _wm_params() -> dict[str, Any]:
@@ -345,22 +335,46 @@ def detect_text(model: str, text: str, prompt: str = "", gamma: float = 0.25, ke
     ``prompt``, when given, is the context the first tokens were written after, so they can
     be scored too. Adds each token's display text (``text`` per token) and the model name.
     """
+    if not text or not text.strip():
+        raise PlaygroundError(EMPTY_TEXT)
+    return _detect_with(model, None, None, text, prompt, gamma, key, seeding, context_width,
+                        ignore_repeated_ngrams, z_threshold, load_kwargs)
+
+
+def detect_ids(model: str, ids: Sequence[int], prompt_ids: Sequence[int] = (), gamma: float = 0.25,
+               key: int = DEFAULT_KEY, seeding: str = "lefthash", context_width: int = 1,
+               ignore_repeated_ngrams: bool = False, z_threshold: float = 4.0, **load_kwargs: Any) -> dict[str, Any]:
+    """Detect the watermark in the token ``ids`` ``model`` wrote after ``prompt_ids`` (a lane's
+    ``output_ids`` after its ``prompt_ids``): the figure a ``watermark`` lane's own evidence
+    and stats show (:func:`playground.trace.watermark_figures`), exactly.
+
+    :func:`detect_text` re-encodes a text, and a sampled output need not be the tokenizer's
+    own encoding of its text (it may hold ``The`` + ``ir`` where encoding gives ``Their``), so
+    a lane's text can score other tokens, hence another z, than the lane did."""
+    if not ids:
+        raise PlaygroundError(EMPTY_TEXT)
+    return _detect_with(model, [int(t) for t in ids], [int(t) for t in prompt_ids], "", "", gamma, key, seeding,
+                        context_width, ignore_repeated_ngrams, z_threshold, load_kwargs)
+
+
+def _detect_with(model: str, ids: list[int] | None, prompt_ids: list[int] | None, text: str, prompt: str,
+                 gamma: float, key: int, seeding: str, context_width: int, ignore_repeated_ngrams: bool,
+                 z_threshold: float, load_kwargs: dict[str, Any]) -> dict[str, Any]:
     from playground.models import load_model
 
-    if not text or not text.strip():
-        raise PlaygroundError("give the text to check (--text)")
     handle = load_model(model, **load_kwargs)
     if getattr(handle, "kind", "causal") != "causal":
         raise PlaygroundError(f"model {model!r} is not a causal LM; the watermark is an autoregressive one")
     scheme = WatermarkScheme(vocab_size=vocab_size_of(handle), gamma=gamma, delta=0.0, key=key,
                              seeding=seeding, context_width=context_width)
-    ids = handle.encode(text)
-    out = detect(ids, scheme, handle.encode(prompt) if prompt else (), ignore_repeated_ngrams, z_threshold)
+    if ids is None:
+        ids, prompt_ids = handle.encode(text), (handle.encode(prompt) if prompt else [])
+    out = detect(ids, scheme, prompt_ids or (), ignore_repeated_ngrams, z_threshold)
     for rec in out["tokens"]:
         rec["text"] = handle.decode([rec["id"]])
     out.update(model=getattr(handle, "name", model), seeding=seeding, key=key, context_width=context_width)
     return out
 
 
-__all__ = ["DEFAULT_KEY", "SCHEMES", "Watermark", "WatermarkScheme", "WatermarkStage", "detect",
-           "detect_text", "p_value", "scheme_from_params", "vocab_size_of", "z_score"]
+__all__ = ["DEFAULT_KEY", "EMPTY_TEXT", "SCHEMES", "Watermark", "WatermarkScheme", "WatermarkStage", "detect",
+           "detect_ids", "detect_text", "p_value", "scheme_from_params", "vocab_size_of", "z_score"]

@@ -36,7 +36,8 @@ threshold, and there try several rollouts (*Rollouts*) and keep the most likely.
 **Which one:** `beam` (equal to transformers' `generate(num_beams=k)`) for the most probable
 output a fixed budget finds; `diverse_beam` when the beams all say the same thing;
 `uid_beam` to penalise uneven surprisal (*Surprisal curve*); `best_first_beam` for beam
-search's answer from a priority queue (*Frontier and pops*); `cntp` and `adadec` to spend
+search's answer from a priority queue (*Frontier and pops*), and with `recombine` a lattice
+that merges hypotheses ending alike (*Lattice*); `cntp` and `adadec` to spend
 search only where the model hesitates; `arithmetic` for diverse samples without duplicates;
 `best_of_n` and `mbr` to spend compute on choosing among samples (mbr picks the candidate that
 agrees most with the others).

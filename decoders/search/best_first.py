@@ -64,16 +64,32 @@ class BestFirstBeam(Decoder):
     On full-attention models each expanded hypothesis keeps its keys and values and a wave
     feeds one token per row, as beam search does; on windowed or recurrent models a wave
     re-reads its continuations from the prompt's cache (decoders/search/_waves.py).
-    Simplifies: no length normalisation (it would break the monotone score the method needs).
+    ``recombine`` n > 0 turns the search into Xu et al.'s best-first lattice search with
+    hypothesis recombination: a hypothesis about to be expanded whose last n tokens equal
+    those of a hypothesis of its length already expanded is merged into it instead — not expanded, and not
+    counted against its length's beam slots, its path joining the other's node, whose
+    continuations it shares — so the kept slots go to hypotheses that differ, and the explored
+    space is a lattice that encodes more paths than it expanded nodes. Each wave records its
+    expansions and merges (``lattice``); ``stats`` counts ``merges`` and ``paths_encoded`` (the
+    distinct token sequences that reach the lattice's leaves, against ``expansions`` nodes). With no merge the search is
+    exactly best-first's.
+    Simplifies: no length normalisation (it would break the monotone score the method needs);
+    recombination by an exact n-token suffix match (the paper's simplest rule), and the search
+    still stops at the first finished hypothesis instead of filling a node budget.
     """
 
     name = "best_first_beam"
     family = "search"
     kind = "causal"
     step_kind = "beam"
-    params = Params(num_beams=Int(4, 1, 64, "hypotheses of each length that may be popped (the beam width)"))
-    reference = ("Meister, Vieira & Cotterell 2020, Best-First Beam Search (TACL)")
+    params = Params(num_beams=Int(4, 1, 64, "hypotheses of each length that may be popped (the beam width)"),
+                    recombine=Int(0, 0, 16, "lattice recombination: merge a hypothesis into an expanded one with the "
+                                            "same last n tokens; 0 = off (plain best-first beam search)"))
+    reference = ("Meister, Vieira & Cotterell 2020, Best-First Beam Search (TACL); "
+                 "Xu, Jonnalagadda & Durrett 2022, Massive-scale Decoding for Text Generation using Lattices (NAACL)")
     description = "Beam search's answer from a priority queue: pop the best hypothesis, expand lazily"
+    shows = ("; with `recombine`, `lattice` per wave: the hypotheses expanded and those merged into a node of "
+             "their length sharing their last n tokens (run plot *Lattice*)")
 
     def run(self, ctx: Context) -> Iterator[Step]:
         k = int(ctx.params["num_beams"])
@@ -83,6 +99,7 @@ class BestFirstBeam(Decoder):
         expansions = dropped = waves = 0
         best: Entry | None = None
         reader = wave_reader(ctx)
+        lattice = Lattice(int(ctx.params["recombine"]))
         while queue:
             ctx.check_cancel()
             e = queue[0]
@@ -96,9 +113,17 @@ class BestFirstBeam(Decoder):
                 best = e
                 yield Step("beam", [], beams=[{**e.show(), "parent": None, "popped": True}],
                            frontier=[x.show() for x in heapq.nsmallest(FRONTIER_SHOWN, queue)],
-                           pops={str(d): c for d, c in sorted(pops.items())}, wave=waves)
+                           pops={str(d): c for d, c in sorted(pops.items())}, wave=waves,
+                           **lattice.evidence([], [], e))
                 break
-            wave, n_dropped = take_wave(queue, pops, k)
+            wave, n_dropped, merged = take_wave(queue, pops, k, lattice.merge_target if lattice.n else None)
+            if not wave:  # every candidate of this wave merged: take the next one
+                if merged:
+                    yield Step("beam", [], beams=[], frontier=[x.show() for x in heapq.nsmallest(FRONTIER_SHOWN, queue)],
+                               pops={str(d): c for d, c in sorted(pops.items())}, wave=waves,
+                               **lattice.evidence([], merged))
+                dropped += n_dropped
+                continue
             dropped += n_dropped
             waves += 1
             expansions += len(wave)
@@ -114,16 +139,82 @@ class BestFirstBeam(Decoder):
             reader.release(pops, k)
             yield Step("beam", [], beams=[{**e.show(), "parent": None, "popped": True} for e in wave],
                        frontier=[x.show() for x in heapq.nsmallest(FRONTIER_SHOWN, queue)],
-                       pops={str(d): c for d, c in sorted(pops.items())}, wave=waves)
+                       pops={str(d): c for d, c in sorted(pops.items())}, wave=waves,
+                       **lattice.evidence(wave, merged))
         if best is None:  # cancelled or nothing left: the best queued hypothesis
             best = min(queue) if queue else Entry((0.0, 0), [], 0.0, False)
         self.output_override = list(best.ids)
         self.finish_reason = finish_reason_of(ctx, best.ids)
         self.extra_stats.update(expansions=expansions, waves=waves, dropped=dropped,
                                 best_score=round(best.score, 5))
+        if lattice.n:
+            self.extra_stats.update(merges=lattice.merges, paths_encoded=lattice.paths_encoded(queue, best))
 
 
-def take_wave(queue: list[Entry], pops: Counter[int], k: int) -> tuple[list[Entry], int]:
+class Lattice:
+    """The recombination state of a lattice search: which expanded hypothesis holds each
+    (length, n-token suffix), the lattice's edges, and the merges so far.
+
+    A node is an expanded hypothesis (by its insertion number) with an edge from its parent; a
+    merged hypothesis adds an edge from its own parent to the node it merged into. Only
+    hypotheses of one length merge, so every edge goes one token deeper and the lattice is
+    acyclic.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.holder: dict[tuple[int, ...], int] = {}
+        self.into: dict[int, list[int]] = {}  # node -> parents of the hypotheses merged into it
+        self.parent: dict[int, int] = {}
+        self.merges = 0
+
+    def merge_target(self, e: Entry) -> int | None:
+        """The node ``e`` merges into, or None, in which case ``e`` becomes a node itself."""
+        key = (len(e.ids), *e.ids[-self.n:]) if len(e.ids) >= self.n else None
+        into = self.holder.get(key) if key is not None else None
+        if into is None:
+            if key is not None:
+                self.holder[key] = e.uid
+            return None
+        self.merges += 1
+        self.into.setdefault(into, []).append(e.parent)
+        return into
+
+    def evidence(self, wave: list[Entry], merged: list[tuple[Entry, int]],
+                 answer: Entry | None = None) -> dict[str, Any]:
+        """The ``lattice`` field of a step (empty without recombination)."""
+        if not self.n:
+            return {}
+        for e in wave:
+            self.parent[e.uid] = e.parent
+        ev: dict[str, Any] = {
+            "n": self.n,
+            # [id, parent id, depth, last token] of each expanded hypothesis
+            "nodes": [[e.uid, e.parent, len(e.ids), e.ids[-1] if e.ids else None] for e in wave],
+            # [id, parent id, depth, last token, id of the node it merged into]
+            "merges": [[e.uid, e.parent, len(e.ids), e.ids[-1], into] for e, into in merged],
+        }
+        if answer is not None:
+            ev["answer"] = [answer.uid, answer.parent, len(answer.ids), answer.ids[-1] if answer.ids else None]
+        return {"lattice": ev}
+
+    def paths(self, uid: int, memo: dict[int, int]) -> int:
+        """Distinct token sequences from the root to node ``uid`` (1 for the root)."""
+        if uid not in self.parent:
+            return 1
+        if uid not in memo:
+            memo[uid] = self.paths(self.parent[uid], memo) + sum(self.paths(p, memo) for p in self.into.get(uid, []))
+        return memo[uid]
+
+    def paths_encoded(self, queue: list[Entry], answer: Entry) -> int:
+        """Distinct token sequences reaching the lattice's leaves (queued hypotheses and the
+        answer): each leaf is reached by as many paths as reach its parent."""
+        memo: dict[int, int] = {}
+        return sum(self.paths(e.parent, memo) for e in [*queue, answer])
+
+
+def take_wave(queue: list[Entry], pops: Counter[int], k: int,
+              merge: Any = None) -> tuple[list[Entry], int, list[tuple[Entry, int]]]:
     """Pop the hypotheses one batched forward may expand without changing the pop order.
 
     One-at-a-time best-first pops the best entry, expands it, pops the next best. A wave takes
@@ -132,9 +223,12 @@ def take_wave(queue: list[Entry], pops: Counter[int], k: int) -> tuple[list[Entr
     those (children are one longer and score no higher than their parent), so it would be
     popped next anyway. A deeper entry is held back (an earlier one's child may still claim its
     length's slot first); a finished entry ends the wave (an earlier one's descendants may
-    still outscore it). Entries of a settled length are dropped on the way. Returns the wave,
-    best first, and the count dropped; held entries go back to the queue.
+    still outscore it). Entries of a settled length are dropped on the way. ``merge(e)`` (lattice
+    recombination) names the node an entry merges into, or None; a merged entry is taken out
+    of the queue without a pop. Returns the wave, best first, the count dropped, and the
+    merged entries with their nodes; held entries go back to the queue.
     """
+    merged: list[tuple[Entry, int]] = []
     wave: list[Entry] = []
     held: list[Entry] = []
     floor = None  # the shallowest length taken so far
@@ -151,9 +245,13 @@ def take_wave(queue: list[Entry], pops: Counter[int], k: int) -> tuple[list[Entr
         if floor is not None and depth > floor:
             held.append(e)
             continue
+        into = merge(e) if merge is not None else None
+        if into is not None:
+            merged.append((e, into))
+            continue
         pops[depth] += 1
         wave.append(e)
         floor = depth
     for e in held:
         heapq.heappush(queue, e)
-    return wave, dropped
+    return wave, dropped, merged

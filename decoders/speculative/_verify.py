@@ -37,7 +37,8 @@ import torch
 
 from decoders._cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask, rollback_cache,
                              select_cache)
-from decoders.ar import constraint_stage, dist_evidence, sample_index, watch_evidence
+from decoders.ar import (checked_probs, constraint_stage, descending_order, dist_evidence, pick_in_order,
+                        sample_index, watch_evidence)
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
 from decoders.guided._constraint import constraint_params
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
@@ -47,15 +48,16 @@ NEG_INF = float("-inf")
 ROOT = -1
 
 # ---------------------------------------------------------------------- knobs
-RULES = ("strict", "typical", "fuzzy", "top_m", "entropy")
-LOSSY_RULES = ("typical", "fuzzy", "top_m", "entropy")
+RULES = ("strict", "typical", "fuzzy", "top_m", "entropy", "cactus", "additive", "multiplicative")
+LOSSY_RULES = ("typical", "fuzzy", "top_m", "entropy", "cactus", "additive", "multiplicative")
 
 
 def rule_params() -> dict[str, Param]:
     """The acceptance-rule knobs shared by every draft-based decoder."""
     return dict(
         accept=Choice("strict", RULES, "acceptance rule: strict (lossless), typical (Medusa), fuzzy "
-                                       "(divergence, FSD), top_m (relaxed), entropy (EASD); all but strict are lossy"),
+                                       "(divergence, FSD), top_m (relaxed), entropy (EASD), cactus (KL-budgeted), "
+                                       "additive / multiplicative (relaxed level sets); all but strict are lossy"),
         typical_eps=Float(0.09, 0.0, 1.0, "typical: accept if p(x) > min(eps, delta*exp(-H(p)))"),
         typical_delta=Float(0.3, 0.0, 1.0, "typical: delta of the entropy-scaled threshold"),
         fuzzy_div=Float(0.3, 0.0, 0.7, "fuzzy: accept if the Jensen-Shannon divergence of p and q (nats) is below this"),
@@ -63,7 +65,19 @@ def rule_params() -> dict[str, Param]:
         easd_entropy=Float(2.0, 0.0, 20.0, "entropy (EASD): both models count as uncertain above this entropy (nats)"),
         easd_top_n=Int(5, 1, 100, "entropy (EASD): size of the top-N sets whose overlap is measured"),
         easd_overlap=Float(0.6, 0.0, 1.0, "entropy (EASD): reject when both are uncertain and top-N overlap reaches this share"),
+        cactus_delta=Float(1.0, 0.0, 10.0, "cactus: divergence budget δ; the drafted token's target probability p is raised "
+                                           "to p + sqrt(2δ p (1 - p)) and the rest scaled down; 0 = strict; no effect at temperature 0"),
+        relax_delta=Float(0.1, 0.0, 1.0, "additive: accept when p(x) >= max p - delta"),
+        relax_rho=Float(0.5, 0.0, 1.0, "multiplicative: accept when p(x) >= rho · max p"),
     )
+
+
+# the knobs each rule reads (a decoder with rule_params has them all)
+_RULE_KNOBS: dict[str, tuple[str, ...]] = {
+    "typical": ("typical_eps", "typical_delta"), "fuzzy": ("fuzzy_div",), "top_m": ("top_m",),
+    "entropy": ("easd_entropy", "easd_top_n", "easd_overlap"), "cactus": ("cactus_delta",),
+    "additive": ("relax_delta",), "multiplicative": ("relax_rho",),
+}
 
 
 def sampling_params(temperature: float = 0.0) -> dict[str, Param]:
@@ -237,13 +251,18 @@ def columns_mask(rows: Sequence[Sequence[int]], prefix: int, kv_len: int, dtype:
 # ---------------------------------------------------------------------- drafting helpers
 def draw_without_replacement(probs: torch.Tensor, k: int, us: Sequence[float]) -> list[int]:
     """Up to ``k`` distinct tokens drawn in sequence from ``probs`` without replacement
-    (each draw from the renormalised rest), using one uniform per draw."""
+    (each draw from the renormalised rest, as :func:`sample_index` draws), using one
+    uniform per draw. The layout is sorted once: removing a drawn token does not reorder
+    the others (see :func:`pick_in_order`)."""
     p = probs.detach().double().cpu().clone()
     out: list[int] = []
+    order = None
     for j in range(k):
         if float(p.sum()) <= 0.0:
             break
-        t = sample_index(p, float(us[j]))
+        if order is None:
+            order = descending_order(checked_probs(p))
+        t = pick_in_order(p, order, float(us[j]))
         out.append(t)
         p[t] = 0.0
     return out
@@ -282,6 +301,22 @@ class Trial:
     accept_prob: float
     accepted: bool
     lossy: bool  # the rule decided against what strict would have done with the same uniform
+    # the acceptance probability every rule the decoder's knobs define gives this candidate
+    rule_probs: dict[str, float] = field(default_factory=dict)
+
+
+def cactus_target(p: torch.Tensor, token: int, delta: float) -> torch.Tensor:
+    """Cactus's modified target for a drafted ``token`` (Hao & Mou 2026): its probability
+    p(x) is raised to h(x) = min(1, p(x) + sqrt(2 δ p(x) (1 - p(x)))) and every other token
+    keeps its share of the rest, h(y) = p(y) (1 - h(x)) / (1 - p(x)) — the solution, to second
+    order in the KL divergence, of raising the drafted token's acceptance under a divergence
+    budget δ. A point mass (temperature 0) is left as it is."""
+    p = p.double()
+    px = float(p[token])
+    hx = min(1.0, px + math.sqrt(max(0.0, 2.0 * delta * px * (1.0 - px))))
+    h = p * ((1.0 - hx) / (1.0 - px)) if px < 1.0 else p.clone()
+    h[token] = hx
+    return h
 
 
 class Rule:
@@ -291,36 +326,95 @@ class Rule:
     def __init__(self, params: dict[str, Any]) -> None:
         self.name = str(params.get("accept", "strict"))
         self.params = params
+        # per sibling group: entropies, divergences and top-k sets of the group's p and q,
+        # which every candidate of the group (and every rule side by side) shares
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def new_group(self) -> None:
+        """Forget the previous sibling group's distributions (call before a new group)."""
+        self._memo = {}
+
+    def _once(self, tag: Any, objs: tuple[torch.Tensor, ...], fn: Any) -> Any:
+        """``fn()`` for these tensors, computed once; the memo holds the tensors, so no other
+        tensor can take their ids while it remembers them."""
+        key = (tag, *map(id, objs))
+        if key not in self._memo:
+            self._memo[key] = (objs, fn())
+        return self._memo[key][1]
+
+    def _entropy(self, t: torch.Tensor) -> float:
+        return self._once("H", (t,), lambda: entropy(t))
+
+    def _top(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        return self._once(("top", n), (t,), lambda: torch.topk(t, n))
 
     @property
     def lossy(self) -> bool:
         """Whether the rule may change the output distribution."""
         return self.name in LOSSY_RULES
 
+    def target(self, token: int, p: torch.Tensor) -> torch.Tensor:
+        """The distribution the strict test and the residual use for ``token``: Cactus's
+        modified target under ``cactus``, ``p`` itself under every other rule."""
+        if self.name == "cactus":
+            return cactus_target(p, token, float(self.params.get("cactus_delta", 0.0)))
+        return p
+
+    def side_by_side(self, token: int, p: torch.Tensor, qx: float, p_rule: torch.Tensor,
+                     q_rule: torch.Tensor | None) -> dict[str, float]:
+        """The probability with which each rule the knobs define would accept ``token``
+        (drawn with probability ``qx``) against the target ``p``: strict min(1, p(x)/q(x)),
+        Cactus min(1, h(x)/q(x)), and for the threshold rules 1 (forced accept), 0 (forced
+        reject) or the strict probability."""
+        def strict(t: torch.Tensor) -> float:
+            tx = float(t[token])
+            return min(1.0, tx / qx) if qx > 0 else (1.0 if tx > 0 else 0.0)
+
+        out = {"strict": strict(p)}
+        for name in RULES[1:]:
+            if not all(k in self.params for k in _RULE_KNOBS[name]):
+                continue
+            other = Rule({**self.params, "accept": name})
+            other._memo = self._memo  # one group's distributions, measured once for all rules
+            if name == "cactus":
+                out[name] = strict(other.target(token, p))
+                continue
+            verdict = other.decide(token, p_rule, q_rule)
+            out[name] = out["strict"] if verdict is None else float(verdict)
+        return {k: round(v, 6) for k, v in out.items()}
+
     def decide(self, token: int, p_rule: torch.Tensor, q_rule: torch.Tensor | None) -> bool | None:
         """The rule's own verdict on ``token`` (see the class doc)."""
         k = self.params
         if self.name == "typical":
             # Medusa's typical acceptance: p(x) > min(eps, delta * exp(-H(p)))
-            thr = min(k["typical_eps"], k["typical_delta"] * math.exp(-entropy(p_rule)))
+            thr = min(k["typical_eps"], k["typical_delta"] * math.exp(-self._entropy(p_rule)))
             return True if float(p_rule[token]) > thr else None
         if self.name == "top_m":
             m = min(int(k["top_m"]), p_rule.numel())
-            kth = torch.topk(p_rule, m).values[-1]
+            kth = self._top(p_rule, m).values[-1]
             return True if float(p_rule[token]) >= float(kth) and float(p_rule[token]) > 0 else None
         if self.name == "fuzzy":
             if float(p_rule[token]) <= 0:
                 return None  # a token the target's chain rules out (top-k, a banned n-gram) stays out
-            q = q_rule if q_rule is not None else one_hot(token, p_rule)
-            return True if js_divergence(p_rule, q) <= k["fuzzy_div"] else None
+            if q_rule is None:  # deterministic candidates: q is a point mass on each
+                div = js_divergence(p_rule, one_hot(token, p_rule))
+            else:
+                div = self._once("JS", (p_rule, q_rule), lambda: js_divergence(p_rule, q_rule))
+            return True if div <= k["fuzzy_div"] else None
+        if self.name in ("additive", "multiplicative"):
+            # relaxed greedy acceptance: the rejection region is a lower level set of p
+            top, px = self._once("max", (p_rule,), lambda: float(p_rule.max())), float(p_rule[token])
+            thr = top - k["relax_delta"] if self.name == "additive" else k["relax_rho"] * top
+            return True if px > 0 and px >= thr else None
         if self.name == "entropy":
             if q_rule is None:
                 return None  # a deterministic draft is never "uncertain"
             tau = k["easd_entropy"]
-            if entropy(p_rule) > tau and entropy(q_rule) > tau:
+            if self._entropy(p_rule) > tau and self._entropy(q_rule) > tau:
                 n = min(int(k["easd_top_n"]), p_rule.numel())
-                a = set(torch.topk(p_rule, n).indices.tolist())
-                b = set(torch.topk(q_rule, n).indices.tolist())
+                a = set(self._top(p_rule, n).indices.tolist())
+                b = set(self._top(q_rule, n).indices.tolist())
                 if len(a & b) / n >= k["easd_overlap"]:
                     return False
             return None
@@ -338,10 +432,15 @@ def verify_group(p: torch.Tensor, cands: Sequence[int], qdist: torch.Tensor | No
     Returns (index of the accepted candidate or None, one :class:`Trial` per tried
     candidate, the distribution to draw the correction from when none is accepted, and
     whether the last decision was a forced rejection). With ``rule`` the lossy rules may
-    override the strict test; the residual stays the strict one.
+    override the strict test; the residual stays the strict one, except under Cactus, whose test
+    and residual both use its modified target (:func:`cactus_target` of the current ``p_j``).
+    Each trial also records every rule's acceptance probability for the candidate
+    (:meth:`Rule.side_by_side`).
     """
     p_j = p.double().cpu()
     q_base = qdist.double().cpu().clone() if qdist is not None else None
+    if rule is not None:
+        rule.new_group()
     trials: list[Trial] = []
     for j, x in enumerate(cands):
         if q_base is not None:
@@ -354,26 +453,32 @@ def verify_group(p: torch.Tensor, cands: Sequence[int], qdist: torch.Tensor | No
         strict_prob = min(1.0, px / qx) if qx > 0 else (1.0 if px > 0 else 0.0)
         u = float(uniforms[j])
         strict_ok = u < strict_prob
-        verdict = rule.decide(x, p_rule if p_rule is not None else p, q_rule) if rule is not None else None
-        ok = strict_ok if verdict is None else verdict
-        prob = strict_prob if verdict is None else float(verdict)
-        trials.append(Trial(prob, ok, ok != strict_ok))
+        # Cactus tests against (and resamples from) its modified target; the others keep p
+        t_j = rule.target(x, p_j) if rule is not None else p_j
+        tx = float(t_j[x])
+        test_prob = min(1.0, tx / qx) if qx > 0 else (1.0 if tx > 0 else 0.0)
+        pr = p_rule if p_rule is not None else p
+        verdict = rule.decide(x, pr, q_rule) if rule is not None else None
+        ok = (u < test_prob) if verdict is None else verdict
+        prob = test_prob if verdict is None else float(verdict)
+        side = rule.side_by_side(x, p_j, qx, pr, q_rule) if rule is not None else {}
+        trials.append(Trial(prob, ok, ok != strict_ok, side))
         if ok:
             return j, trials, p_j, False
         if verdict is False:
             # EASD: the target re-draws from its own distribution
             return None, trials, p_j, True
         if q_j is None:
-            res = p_j.clone()
+            res = t_j.clone()
             res[x] = 0.0
         else:
-            res = torch.clamp(p_j - q_j, min=0.0)
+            res = torch.clamp(t_j - q_j, min=0.0)
             q_base[x] = 0.0
         if float(res.sum()) <= 1e-12:  # p == q up to rounding: fall back to p without x
-            res = p_j.clone()
+            res = t_j.clone()
             res[x] = 0.0
             if float(res.sum()) <= 0:
-                res = p_j.clone()
+                res = t_j.clone()
         p_j = res / res.sum()
     return None, trials, p_j, False
 
@@ -400,7 +505,11 @@ class Verified:
 
     def row(self, node: int) -> torch.Tensor:
         """Target logits at a tree node (``ROOT`` = the last committed token)."""
-        return self.rows[self.n_pending - 1 + (0 if node == ROOT else node + 1)]
+        return self.rows[self.row_index(node)]
+
+    def row_index(self, node: int) -> int:
+        """Which of ``rows`` holds the target logits at a tree node."""
+        return self.n_pending - 1 + (0 if node == ROOT else node + 1)
 
 
 class SpecDecoder(Decoder):
@@ -434,10 +543,19 @@ class SpecDecoder(Decoder):
             step.evidence["watch"] = v.watch
         if v.mismatches:
             step.evidence["lossless_mismatch"] = v.mismatches
+        rules = next((list(i["rule_probs"]) for i in v.node_info.values() if i.get("rule_probs")), None)
+        if rules and len(rules) > 1:
+            # the rules whose acceptance probabilities the tree's nodes carry, side by side
+            step.evidence["accept_rules"] = {"active": self.rule.name, "rules": rules,
+                                             "lossy": [r for r in rules if r in LOSSY_RULES]}
         return step
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
-        return str(params.get("accept", "strict")) in LOSSY_RULES
+        rule = str(params.get("accept", "strict"))
+        if rule == "cactus":
+            # Cactus leaves a point mass alone, and δ = 0 is the strict test
+            return float(params.get("cactus_delta", 0.0)) > 0 and not is_greedy(params)
+        return rule in LOSSY_RULES
 
     # ---------------------------------------------------------------- helpers for subclasses
     @property
@@ -452,6 +570,13 @@ class SpecDecoder(Decoder):
 
     def target_probs(self, ctx: Context, logits: torch.Tensor, extra: Sequence[int] = ()) -> torch.Tensor:
         """The sampling distribution of the chain at this context (one-hot at temperature 0)."""
+        if self.plain_chain is not None:
+            # the chain is temperature 0 alone (a point mass) or empty (the softmax): computed
+            # without the chain's tensor passes, which every verified row and drafted token
+            # pays; logits the chain would repair (NaN, +inf, none finite) still go through it
+            top = int(torch.argmax(logits))
+            if math.isfinite(float(logits[top])):
+                return one_hot(top, logits) if self.plain_chain == "argmax" else torch.softmax(logits.float(), -1)
         return self.chain.probs(logits.float(), self.history(ctx, extra))
 
     def rule_probs(self, ctx: Context, logits: torch.Tensor, extra: Sequence[int] = ()) -> torch.Tensor:
@@ -482,6 +607,8 @@ class SpecDecoder(Decoder):
         chain_knobs = {k: knobs[k] for k in CHAIN_DEFAULTS if k in knobs}
         chain_knobs["temperature"] = float(knobs.get("temperature", 0.0))
         self.chain = build_chain(chain_knobs, ctx.target.tokenizer, ctx.target.vocab_size)
+        items = [p.item for p in self.chain.processors]
+        self.plain_chain = "argmax" if self.greedy and items == ["temperature"] else "softmax" if not items else None
         self.rule = Rule(knobs)
         self.prompt = list(ctx.prompt_ids)
         self.out: list[int] = []
@@ -537,12 +664,17 @@ class SpecDecoder(Decoder):
         self._walk(ctx, v)
         # evidence p for nodes whose parent the walk did not reach
         at_parent: dict[int, torch.Tensor] = {}
-        for i in range(len(tree)):
-            if not tree.aux[i] and i not in v.node_info:
-                par = tree.parents[i]
-                if par not in at_parent:
-                    at_parent[par] = self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ())
-                v.node_info[i] = {"p": float(at_parent[par][tree.tokens[i]]), "accept_prob": None, "accepted": False}
+        unreached = [i for i in range(len(tree)) if not tree.aux[i] and i not in v.node_info]
+        # where the rules' distribution is the rows' softmax, one batched softmax serves them all
+        # (a long rejected lookup draft otherwise pays one softmax per node)
+        batch = (torch.softmax(rows.float(), -1) if unreached and (self.greedy or self.plain_chain == "softmax")
+                 and bool(torch.isfinite(rows).all()) else None)
+        for i in unreached:
+            par = tree.parents[i]
+            if par not in at_parent:
+                at_parent[par] = (batch[v.row_index(par)] if batch is not None else
+                                  self.rule_probs(ctx, v.row(par), tree.path_tokens(par) if par != ROOT else ()))
+            v.node_info[i] = {"p": float(at_parent[par][tree.tokens[i]]), "accept_prob": None, "accepted": False}
         # cache: everything before, the pending tokens, then the accepted path
         keep = list(range(past + n_pend)) + [past + n_pend + i for i in v.path]
         select_cache(self.cache, keep)
@@ -571,12 +703,14 @@ class SpecDecoder(Decoder):
             for c in kids:
                 v.node_info[c] = {"p": float(p_rule[tree.tokens[c]]), "accept_prob": None, "accepted": False}
             if kids:
-                us = [self.next_uniform(ctx, "accept") for _ in kids]
+                # at temperature 0 every acceptance probability is 0 or 1: no uniform decides
+                us = [0.0] * len(kids) if self.greedy else [self.next_uniform(ctx, "accept") for _ in kids]
                 idx, trials, residual, forced = verify_group(
-                    p, [tree.tokens[c] for c in kids], tree.dists.get(node), us,
-                    self.rule if self.rule.name != "strict" else None, p_rule, tree.rule_q.get(node))
+                    p, [tree.tokens[c] for c in kids], tree.dists.get(node), us, self.rule, p_rule,
+                    tree.rule_q.get(node))
                 for c, t in zip(kids, trials):
-                    v.node_info[c].update(accept_prob=round(t.accept_prob, 6), accepted=t.accepted)
+                    v.node_info[c].update(accept_prob=round(t.accept_prob, 6), accepted=t.accepted,
+                                          rule_probs=t.rule_probs)
                     if t.lossy:
                         v.node_info[c]["lossy"] = True
                 if idx is not None:
@@ -593,7 +727,7 @@ class SpecDecoder(Decoder):
                 lossy_reject = forced
             else:
                 kind, draw_from, lossy_reject = "bonus", p, False
-            tok = sample_index(draw_from, ctx.uniform(pos))
+            tok = sample_index(draw_from, 0.0 if self.greedy else ctx.uniform(pos))  # a point mass at T=0
             v.correction, v.correction_kind = tok, kind
             v.correction_dist = dist_evidence(ctx.target, logits, draw_from.float(), tok,
                                               min(ctx.top_k_evidence, 10))
@@ -650,6 +784,8 @@ def tree_evidence(v: Verified) -> dict[str, Any]:
                 "source": tree.sources[i]}
         if info.get("lossy"):
             node["lossy"] = True
+        if info.get("rule_probs"):
+            node["rule_probs"] = info["rule_probs"]
         nodes.append(node)
     return {"nodes": nodes, "accepted_path": [ids[i] for i in v.path],
             "correction": v.correction, "correction_kind": v.correction_kind}

@@ -3,6 +3,7 @@ and a dynamic token tree verified in one pass (``spec_tree``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -12,6 +13,7 @@ from decoders.base import Context, Float, Int, PlaygroundError, register
 from decoders._cache import CacheInfo, check_rollback, crop_layers, masks_by_type, rollback_cache
 from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
                                           draw_without_replacement, rule_params, sampling_params)
+from playground.trace import Step
 
 
 def fit_logits(logits: torch.Tensor, size: int) -> torch.Tensor:
@@ -47,6 +49,35 @@ def check_draft(decoder: str, ctx: Context) -> CacheInfo:
         raise PlaygroundError(f"draft model {ctx.draft.name!r} embeds {rows} token ids, fewer than the "
                               f"{min(tokens, ctx.target.vocab_size)} its tokenizer and {ctx.target.name!r} use")
     return info
+
+
+def point_mass_token(q: torch.Tensor) -> int:
+    """The token of a one-hot distribution (what the chain gives at temperature 0)."""
+    return int(torch.argmax(q))
+
+
+@dataclass
+class DraftStop:
+    """Why a step's draft ended, for its evidence: ``reason`` is ``confidence`` (the draft's
+    probability of its own token fell below the floor), ``adaptive_h`` (SpecDec++: the chance
+    that some drafted token is rejected passed h), ``gamma`` (the length cap), ``length`` (the
+    run's remaining tokens), ``constraint`` (the grammar is complete) or ``budget`` (the tree's
+    node budget); ``drafted`` tokens, the last one's draft probability ``q`` and the product
+    of the draft's probabilities along the chain (the best path, for a tree)."""
+
+    reason: str
+    drafted: int
+    q: float | None = None
+    path_q: float | None = None
+
+    def evidence(self) -> dict[str, Any]:
+        """The ``draft_stop`` field of a draft step."""
+        out: dict[str, Any] = {"reason": self.reason, "drafted": self.drafted}
+        if self.q is not None:
+            out["q"] = float(f"{self.q:.6g}")
+        if self.path_q is not None:
+            out["path_q"] = float(f"{self.path_q:.6g}")
+        return out
 
 
 class DraftState:
@@ -100,8 +131,14 @@ class Speculative(SpecDecoder):
     first rejection is replaced by a draw from norm(max(0, p - q)); if all are accepted a
     bonus token is drawn from p. The whole sampling chain (decoders/processors.py) is
     applied identically to p and q; at temperature 0 both are point masses, so a token is
-    accepted iff it is the target's argmax and the output is greedy's. ``adaptive_h`` stops
-    drafting early, SpecDec++-style (A150), once 1 - prod q(x_i) exceeds h.
+    accepted iff it is the target's argmax and the output is greedy's.
+    Draft length: up to γ tokens, but drafting stops after a token the draft itself gives
+    probability below ``confidence`` (transformers' assisted generation stops on the same
+    signal, its ``assistant_confidence_threshold``), or, SpecDec++-style (A150), once
+    1 - prod q(x_i) exceeds ``adaptive_h``. A drafted token costs a draft forward whether or
+    not it is accepted, so a draft that is unlikely to survive is not paid for; the step's
+    ``draft_stop`` evidence says which rule ended the draft. Stopping looks only at the
+    draft's own numbers, so verification stays exact.
     Simplifies: SpecDec++ predicts acceptance with a trained head; here the draft's own
     confidence q(x_i) stands in for it. Mirostat (stateful) is not offered.
     """
@@ -114,8 +151,10 @@ class Speculative(SpecDecoder):
                  "Huang et al. 2024, SpecDec++ (adaptive length)")
     description = "Draft γ tokens with a small model, verify in one target pass, resample at the first rejection"
     params = SpecParams(
-        gamma=Int(5, 1, 32, "tokens drafted per step (γ)"),
-        adaptive_h=Float(1.0, 0.0, 1.0, "SpecDec++: stop drafting once 1 - prod q(x_i) exceeds this; 1 = always γ"),
+        gamma=Int(10, 1, 32, "most tokens drafted per step (γ); the confidence rules may stop a draft sooner"),
+        confidence=Float(0.4, 0.0, 1.0, "stop drafting after a token the draft gives probability below this "
+                                        "(as transformers' assistant_confidence_threshold); 0 = never"),
+        adaptive_h=Float(1.0, 0.0, 1.0, "SpecDec++: stop drafting once 1 - prod q(x_i) exceeds this; 1 = never"),
         **rule_params(), **sampling_params(0.0))
 
     def setup(self, ctx: Context) -> None:
@@ -125,9 +164,10 @@ class Speculative(SpecDecoder):
     def draft(self, ctx: Context, max_depth: int) -> Tree:
         tree = Tree()
         gamma = min(int(ctx.params["gamma"]), max_depth)
+        self.stop = DraftStop("length", 0)
         if gamma <= 0:
             return tree
-        h = float(ctx.params["adaptive_h"])
+        h, floor = float(ctx.params["adaptive_h"]), float(ctx.params["confidence"])
         V = ctx.target.vocab_size
         logits = self.d.catch_up(self.committed_ids)
         parent, drafted, conf = ROOT, [], 1.0
@@ -136,19 +176,35 @@ class Speculative(SpecDecoder):
             logits = fit_logits(logits.float(), V)
             if row is not None:
                 logits = row.apply(logits)[0]  # draft only what the constraint allows
-            q = self.chain.probs(logits, self.history(ctx, drafted))
-            qr = torch.softmax(logits, -1) if self.greedy else q
-            x = sample_index(q, self.next_uniform(ctx, "draft"))
+            q = self.target_probs(ctx, logits, drafted)
+            if self.greedy:
+                # a point mass: its token needs no uniform, and the rules read the raw softmax
+                qr = torch.softmax(logits, -1)
+                x = point_mass_token(q)
+            else:
+                qr = q
+                x = sample_index(q, self.next_uniform(ctx, "draft"))
             tree.dists[parent], tree.rule_q[parent] = q, qr
-            parent = tree.add(x, parent, float(qr[x]), "draft-model")
+            qx = float(qr[x])
+            parent = tree.add(x, parent, qx, "draft-model")
             drafted.append(x)
-            conf *= float(qr[x])
+            conf *= qx
             if row is not None:
                 row.advance(x)
-            if 1.0 - conf > h or i + 1 == gamma or (row is not None and row.done):
+            why = ("constraint" if row is not None and row.done else "confidence" if qx < floor
+                   else "adaptive_h" if 1.0 - conf > h else None)
+            if why is None and i + 1 == gamma:
+                why = "gamma" if gamma == int(ctx.params["gamma"]) else "length"
+            if why is not None:
+                self.stop = DraftStop(why, len(drafted), qx, conf)
                 break
             logits = self.d.feed([x])[-1]
         return tree
+
+    def make_step(self, ctx: Context, v: Verified) -> Step:
+        step = super().make_step(ctx, v)
+        step.evidence["draft_stop"] = self.stop.evidence()
+        return step
 
 
 @register
@@ -180,6 +236,8 @@ class SpecTree(SpecDecoder):
         topk=Int(3, 1, 16, "children drafted under each expanded node"),
         width=Int(3, 1, 32, "most promising nodes expanded per depth"),
         budget=Int(24, 1, 256, "maximum number of draft nodes"),
+        confidence=Float(0.4, 0.0, 1.0, "a node the draft gives probability below this stays a leaf (not "
+                                        "expanded); the tree stops growing when no new node reaches it; 0 = never"),
         **rule_params(), **sampling_params(0.0))
 
     def setup(self, ctx: Context) -> None:
@@ -190,9 +248,11 @@ class SpecTree(SpecDecoder):
         tree = Tree()
         k = ctx.params
         depth_max = min(int(k["depth"]), max_depth)
+        self.stop = DraftStop("length", 0)
         if depth_max <= 0:
             return tree
         budget, topk, width = int(k["budget"]), int(k["topk"]), int(k["width"])
+        floor = float(k["confidence"])
         V = ctx.target.vocab_size
         committed = self.committed_ids
         root_logits = self.d.catch_up(committed)
@@ -201,16 +261,16 @@ class SpecTree(SpecDecoder):
         colpos: dict[int, int] = {}  # draft cache column -> its position (windowed masks need it)
         frontier: list[tuple[int, float, torch.Tensor]] = [(ROOT, 1.0, root_logits)]
         for depth in range(1, depth_max + 1):
-            new: list[tuple[int, float]] = []
+            new: list[tuple[int, float, float]] = []  # (node, path probability, its own q)
             for node, score, logits in sorted(frontier, key=lambda f: -f[1])[:width]:
                 n_kids = min(topk, budget - len(tree))
                 if n_kids <= 0:
                     break
                 path = tree.path_tokens(node) if node != ROOT else []
                 logits = fit_logits(logits.float(), V)
-                q = self.chain.probs(logits, self.history(ctx, path))
-                qr = torch.softmax(logits, -1) if self.greedy else q
-                if self.greedy:
+                q = None if self.greedy else self.target_probs(ctx, logits, path)  # top-k at T=0 reads qr
+                qr = torch.softmax(logits, -1) if q is None else q
+                if q is None:
                     kids = torch.topk(qr, min(n_kids, V)).indices.tolist()
                     tree.dists[node] = None  # deterministic top-k
                 else:
@@ -219,14 +279,24 @@ class SpecTree(SpecDecoder):
                     tree.dists[node] = q
                 tree.rule_q[node] = qr
                 for x in kids:
-                    c = tree.add(x, node, float(qr[x]), "draft-model")
-                    new.append((c, score * float(qr[x])))
-            if depth == depth_max or not new or len(tree) >= budget:
+                    qx = float(qr[x])
+                    c = tree.add(x, node, qx, "draft-model")
+                    new.append((c, score * qx, qx))
+            best = max(new, key=lambda f: f[1], default=None)
+            why = ("budget" if not new or len(tree) >= budget else
+                   ("depth" if depth_max == int(k["depth"]) else "length") if depth == depth_max else None)
+            # EAGLE-2's dynamic tree with the chain's stopping signal: only nodes the draft is
+            # confident in grow children; a tree with none of them stops here
+            sel = [f for f in sorted(new, key=lambda f: -f[1]) if f[2] >= floor][:width] if why is None else []
+            if why is None and not sel:
+                why = "confidence"
+            if why is not None:
+                self.stop = DraftStop(why, len(tree), None if best is None else best[2],
+                                      None if best is None else best[1])
                 break
-            sel = sorted(new, key=lambda f: -f[1])[:width]
             start = base + len(col)
             rows, toks, pos = [], [], []
-            for r, (c, _s) in enumerate(sel):
+            for r, (c, _s, _q) in enumerate(sel):
                 anc, a = [], tree.parents[c]
                 while a != ROOT:
                     anc.append(col[a])
@@ -240,12 +310,17 @@ class SpecTree(SpecDecoder):
                 mask = masks_by_type(mask.cpu(), torch.tensor(pos), torch.tensor(kv_pos), self.d.info)
             logits = self.d.feed(toks, attention_mask=mask,
                                  position_ids=torch.tensor([pos], device=ctx.draft.device))
-            for r, (c, s) in enumerate(sel):
+            for r, (c, s, _q) in enumerate(sel):
                 col[c] = start + r
                 colpos[start + r] = pos[r]
-            frontier = [(c, s, logits[r]) for r, (c, s) in enumerate(sel)]
+            frontier = [(c, s, logits[r]) for r, (c, s, _q) in enumerate(sel)]
         self.d.crop(base)  # tree nodes out of the draft cache; accepted ones are re-fed next step
         return tree
 
     def after_verify(self, ctx: Context, v: Verified) -> None:
         pass
+
+    def make_step(self, ctx: Context, v: Verified) -> Step:
+        step = super().make_step(ctx, v)
+        step.evidence["draft_stop"] = self.stop.evidence()
+        return step

@@ -42,7 +42,10 @@ QUICK = [0, 4, 8, 9]
 
 # Rows beyond each decoder at its defaults: (label, knobs), after the decoder's own row.
 VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "speculative": [("speculative γ=20", {"gamma": 20})],
+    "speculative": [("speculative γ=20", {"gamma": 20}),
+                    # the defaults before the confidence stop: what the stop buys
+                    ("speculative γ=5, no stop", {"gamma": 5, "confidence": 0.0})],
+    "spec_tree": [("spec_tree, no stop", {"confidence": 0.0})],
 }
 
 
@@ -71,8 +74,10 @@ NOTES = """### Reading the numbers
   forwards become wall-time speedups; `layer_skip` and `mask_probe` pay in draft forwards or in longer
   verification passes.
 - transformers' assisted generation stops drafting when the draft's confidence falls below 0.4 (its default
-  `assistant_confidence_threshold`), so its drafts stay short with this weak draft model; ours draft a fixed γ
-  (or stop by the SpecDec++ knob `adaptive_h`).
+  `assistant_confidence_threshold`), so its drafts stay short with this weak draft model. `speculative` stops on
+  the same signal by default (`confidence` = 0.4, γ = 10 at most), so it makes the same forward passes and the
+  wall time compares the two loops' own costs; `spec_tree` keeps a node below that confidence as a leaf. The
+  "no stop" rows draft to the cap every step: more tokens per target forward, more draft forwards, slower.
 - At T=1, lookup drafts are single deterministic guesses, accepted with probability p(x): low for a
   high-entropy tiny model, for ours and for transformers alike.
 - Wall times are the fastest of the runs on a shared 2-core machine; treat differences under ~20 % as noise.
@@ -289,7 +294,8 @@ def run_suite(args: argparse.Namespace) -> str:
               "draft forwards, ours | theirs | wall s, ours | theirs | wall ratio ours / theirs | "
               "outputs identical (T=0) |",
               "|---|---|---:|---:|---:|:--:|---:|---:|---:|---:|---:|:--:|"]
-    for ours, theirs in (("speculative γ=20", "assisted"), ("speculative", "assisted"), ("prompt_lookup", "lookup")):
+    for ours, theirs in (("speculative", "assisted"), ("spec_tree", "assisted"), ("speculative γ=20", "assisted"),
+                         ("prompt_lookup", "lookup")):
         for temp in (0.0, 1.0):
             a, h = _agg(results[(ours, temp)]), _agg(hf[(theirs, temp)])
             ident = ""

@@ -9,6 +9,7 @@ decoder.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -158,6 +159,12 @@ class ModelHandle:
         return DynamicCache(config=self.config)
 
     # ------------------------------------------------------------------ text
+    @functools.cached_property
+    def vocab(self) -> dict[str, int]:
+        """The tokenizer's token-string -> id table, read once (a model's tokenizer does not
+        change; comparing a draft's with its target's table on every run cost ~10 ms)."""
+        return dict(self.tokenizer.get_vocab())
+
     @property
     def has_chat_template(self) -> bool:
         """Whether this model's tokenizer has a chat template (chat mode is possible)."""
@@ -206,7 +213,7 @@ class ModelView:
         """Counted forward pass (see :meth:`ModelHandle.forward`); an early exit
         (``num_layers`` below the model's depth) counts in ``draft_forwards``/``draft_tokens``."""
         out = self.handle.forward(ids, cache=cache, **kw)
-        n = int(as_batch(ids, "cpu").numel()) if not torch.is_tensor(ids) else int(ids.numel())
+        n = int(ids.numel()) if torch.is_tensor(ids) else token_count(ids)
         k = kw.get("num_layers")
         if k is not None and k < self.handle.num_layers:
             self.draft_forwards += 1
@@ -234,6 +241,13 @@ def handle_from_model(model: torch.nn.Module, tokenizer: Any, name: str = "custo
         mask_token_id = getattr(tokenizer, "mask_token_id", None)
     return ModelHandle(name, model.eval(), tokenizer, kind, source="memory",
                        mask_token_id=mask_token_id, logits_shifted=logits_shifted)
+
+
+def token_count(ids: Sequence[int] | Sequence[Sequence[int]]) -> int:
+    """How many token ids a 1-D or (B, T) sequence holds (without building a tensor)."""
+    ids = list(ids)
+    nested = bool(ids) and (isinstance(ids[0], (list, tuple)) or (torch.is_tensor(ids[0]) and ids[0].dim() > 0))
+    return sum(len(row) for row in ids) if nested else len(ids)
 
 
 def as_batch(ids: torch.Tensor | Sequence[int], device: Any) -> torch.Tensor:

@@ -52,9 +52,14 @@ def detection_trace(res: dict[str, Any]) -> dict[str, Any]:
             "tokens": {str(t["id"]): t.get("text", "") for t in res["tokens"]}}
 
 
-def detect(model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: Any, width: Any) -> dict[str, Any]:
-    """Check the settings, then detect (the tokenizer and config are all it loads; CPU green lists)."""
-    from decoders.guided.watermark import detect_text
+def detect(model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: Any, width: Any,
+           lane: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the settings, then detect (the tokenizer and config are all it loads; CPU green lists).
+
+    ``lane`` is what *From lane* filled in (its text, prompt, model and token ids): while the
+    boxes still hold exactly that, the lane's own token ids are scored, so the tab gives the
+    lane's own z (re-encoding a sampled text can give other tokens, hence another z)."""
+    from decoders.guided.watermark import detect_ids, detect_text
 
     inputs.text("the text", text, limits().max_detect_chars, optional=True)
     inputs.text("the prompt", prompt, limits().max_prompt_chars, optional=True)
@@ -64,9 +69,14 @@ def detect(model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: An
     model = (model or "").strip()
     if not model:
         raise PlaygroundError("choose the model whose tokenizer wrote the text")
-    return detect_text(model, text or "", prompt=prompt or "", gamma=s["watermark_gamma"],
-                       key=s["watermark_key"], seeding=s["watermark_seeding"],
-                       context_width=s["watermark_context_width"], device="cpu")
+    settings = {"gamma": s["watermark_gamma"], "key": s["watermark_key"], "seeding": s["watermark_seeding"],
+                "context_width": s["watermark_context_width"], "device": "cpu"}
+    if lane and lane.get("ids") and (lane.get("text"), lane.get("prompt"), lane.get("model")) == (text, prompt or "", model):
+        res = detect_ids(model, lane["ids"], lane.get("prompt_ids") or (), **settings)
+        for rec in res.get("tokens", []):  # the lane's own texts: a replay needs no tokenizer
+            rec.setdefault("text", (lane.get("tokens") or {}).get(str(rec.get("id")), ""))
+        return res
+    return detect_text(model, text or "", prompt=prompt or "", **settings)
 
 
 class WatermarkView:
@@ -107,6 +117,7 @@ class WatermarkView:
         self.status = gr.HTML('<div class="lane-info">paste a text and press Detect</div>', elem_id="wm-status")
         self.tokens = gr.HTML("", elem_id="wm-tokens")
         self.z_plot = gr.Plot(elem_id="wm-z", show_label=False)
+        self.lane_state = gr.State(None)  # what From lane filled in, with the lane's token ids
 
     def wire(self, demo: gr.Blocks) -> None:
         """Attach the events, hidden from the public API; Detect loads a tokenizer, so it takes
@@ -116,20 +127,22 @@ class WatermarkView:
         with private_events(demo):
             self.from_lane.click(self.on_from_lane, [self.page.traces, self.lane],
                                  [self.text, self.prompt, self.model, self.gamma, self.seeding, self.key,
-                                  self.width, self.status])
+                                  self.width, self.status, self.lane_state])
             self.detect_btn.click(self.on_detect, [self.model, self.text, self.prompt, self.gamma, self.seeding,
-                                                   self.key, self.width], [self.status, self.tokens, self.z_plot],
+                                                   self.key, self.width, self.lane_state],
+                                  [self.status, self.tokens, self.z_plot],
                                   **model_event_settings())
 
     # ---------------------------------------------------------------- handlers
     def on_detect(self, model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: Any,
-                  width: Any) -> list[Any]:
-        """Detect: the summary line, the tokens coloured green/red, the running z-score."""
+                  width: Any, lane: dict[str, Any] | None = None) -> list[Any]:
+        """Detect: the summary line, the tokens coloured green/red, the running z-score (of the
+        lane's own tokens while the text is the one *From lane* filled in)."""
         from playground.watermark_cli import summary
         from visualizers.watermark import watermark_tokens_html, watermark_z_figure
 
         try:
-            res = detect(model, text, prompt, gamma, seeding, key, width)
+            res = detect(model, text, prompt, gamma, seeding, key, width, lane)
         except PlaygroundError as e:
             gr.Warning(str(e))
             return [status_html(str(e), "error"), "", None]
@@ -148,7 +161,7 @@ class WatermarkView:
         if not isinstance(tr, dict) or not tr.get("text"):
             msg = f"lane {k} has no output yet: run a comparison in the Compare tab first"
             gr.Warning(msg)
-            return [gr.skip()] * 7 + [status_html(msg, "error")]
+            return [gr.skip()] * 7 + [status_html(msg, "error"), None]
         params = tr.get("params") or {}
         marked = tr.get("decoder") == DECODER
         settings = [params.get(n, gr.skip()) if marked else gr.skip() for n in KNOBS]
@@ -156,4 +169,7 @@ class WatermarkView:
             settings[2] = str(params["watermark_key"])
         note = (f"Lane {k} ({tr.get('decoder')}): its output, prompt, model"
                 + (" and watermark settings" if marked else "") + " — press Detect.")
-        return [tr["text"], tr.get("prompt", ""), tr.get("model") or gr.skip(), *settings, status_html(note)]
+        filled = {"text": tr["text"], "prompt": tr.get("prompt", ""), "model": tr.get("model"),
+                  "ids": list(tr.get("output_ids") or []), "prompt_ids": list(tr.get("prompt_ids") or []),
+                  "tokens": dict(tr.get("tokens") or {})}
+        return [tr["text"], tr.get("prompt", ""), tr.get("model") or gr.skip(), *settings, status_html(note), filled]

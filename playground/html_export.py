@@ -1,0 +1,123 @@
+"""A stored session as one self-contained HTML file: opens from disk, no server, no network.
+
+The file holds the session's title, model, seed and prompt, then per lane its decoder and knobs,
+its output with the token colouring the page gives it under "auto" (``visualizers.tokens``,
+token text HTML-escaped), the colouring's legend, the lane's stats line, and its whole-run plots
+(``visualizers.run_figures``); a comparison of several lanes adds the plots across lanes
+(``visualizers.COMPARE_PLOTS``). Every figure is embedded as its plotly JSON in a
+``<script type="application/json">`` block and drawn by plotly.js, which is inlined once
+(``plotly.offline.get_plotlyjs()``, about 5 MB). Nothing refers to a URL, so the file reads the
+same offline in any browser; nothing needs a model.
+
+``playground sessions export ID --html -o file.html`` writes it (``playground/sessions_cli.py``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+import visualizers
+from visualizers._common import empty_figure
+
+_CSS = """
+:root { color-scheme: light dark; --ink: #1f2328; --muted: #6b7280; --card: rgba(128,128,128,0.07); }
+@media (prefers-color-scheme: dark) { :root { --ink: #e6edf3; --muted: #9aa1ab; } }
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--ink); margin: 24px auto;
+       max-width: 1100px; padding: 0 16px; line-height: 1.45; }
+h1 { font-size: 1.5em; margin-bottom: 4px; } h2 { font-size: 1.15em; margin: 0 0 6px; }
+.meta, .knobs, .lane-stats { color: var(--muted); font-size: 0.9em; }
+.prompt { white-space: pre-wrap; background: var(--card); padding: 10px 12px; border-radius: 6px; }
+.lane { background: var(--card); border-radius: 8px; padding: 14px 16px; margin: 18px 0; }
+.tok-output { margin: 10px 0 6px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 10px; margin-top: 10px; }
+.plot { min-height: 450px; }
+.note { color: var(--muted); font-size: 0.85em; }
+"""
+
+# Draws every embedded figure; the figures' JSON sits in script blocks, so no markup is built from it.
+_DRAW = """
+document.querySelectorAll('script[type="application/json"][data-figure]').forEach(function (el) {
+  var fig = JSON.parse(el.textContent);
+  var div = document.getElementById(el.getAttribute('data-figure'));
+  Plotly.newPlot(div, fig.data || [], fig.layout || {}, {displaylogo: false, responsive: true});
+});
+"""
+
+
+def _json_block(value: Any, div_id: str) -> str:
+    """``value``'s JSON as a script data block (``<`` escaped, so no text inside can end the block)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return f'<script type="application/json" data-figure="{html.escape(div_id)}">{text}</script>'
+
+
+def _figure(fig: Any, div_id: str, title: str) -> str:
+    """One plot: its div, and its figure JSON beside it."""
+    try:
+        body = fig.to_json()
+    except Exception as e:  # noqa: BLE001 - one odd figure must not lose the rest of the export
+        body = empty_figure(f"could not serialise this plot: {type(e).__name__}", title).to_json()
+    return (f'<div class="plot" id="{html.escape(div_id)}" title="{html.escape(title)}"></div>'
+            + _json_block(body, div_id))
+
+
+def _knobs(trace: dict[str, Any]) -> str:
+    params = trace.get("params") if isinstance(trace.get("params"), dict) else {}
+    text = ", ".join(f"{k}={v}" for k, v in params.items()) or "default knobs"
+    draft = trace.get("draft")
+    return text + (f" · draft {draft}" if draft else "")
+
+
+def _across(name: str, fn: Any, runs: list[dict[str, Any]]) -> Any:
+    """A plot across lanes; a bug on odd traces becomes a note, not a lost export."""
+    try:
+        return fn(runs)
+    except Exception as e:  # noqa: BLE001 - as the page's inspector does
+        return empty_figure(f"could not draw this plot: {type(e).__name__}", name)
+
+
+def lane_html(trace: dict[str, Any], lane: int) -> str:
+    """One lane's card: decoder and knobs, coloured output, legend, stats line, run plots."""
+    metric = visualizers.auto_metric(trace)
+    plots = "".join(_figure(fig, f"pg-lane{lane}-plot{k}", title)
+                    for k, (title, fig) in enumerate(visualizers.run_figures(trace)))
+    return (f'<section class="lane" data-lane="{lane}">'
+            f'<h2>Lane {lane + 1}: {html.escape(str(trace.get("decoder", "?")))}</h2>'
+            f'<div class="knobs">{html.escape(_knobs(trace))}</div>'
+            f'{visualizers.tokens_html(trace, metric, lane=lane)}'
+            f'{visualizers.legend_html(metric)}'
+            f'<div class="lane-stats">{visualizers.stats_line(trace) or "—"}</div>'
+            f'<div class="plots">{plots}</div></section>')
+
+
+def session_html(session: dict[str, Any]) -> str:
+    """A loaded session (``Store.load_session``) as one self-contained HTML page."""
+    from plotly.offline import get_plotlyjs
+
+    runs = [r for r in session.get("runs") or [] if isinstance(r, dict)]
+    settings = session.get("settings") if isinstance(session.get("settings"), dict) else {}
+    title = str(session.get("title") or "Decoder Playground session")
+    meta = [f"session {session.get('id', '?')}", f"model {session.get('model', '?')}"]
+    for key, name in (("seed", "seed"), ("max_new_tokens", "max new tokens"), ("policy", "race")):
+        if settings.get(key) is not None:
+            meta.append(f"{name} {settings[key]}")
+    if session.get("created"):
+        meta.append(str(session["created"])[:19].replace("T", " "))
+    across = ""
+    if len(runs) > 1:
+        across = '<section class="lane"><h2>Across lanes</h2><div class="plots">' + "".join(
+            _figure(_across(name, fn, runs), f"pg-compare{k}", name)
+            for k, (name, fn) in enumerate(visualizers.COMPARE_PLOTS)) + "</div></section>"
+    body = "".join(lane_html(t, j) for j, t in enumerate(runs)) or '<p class="note">This session has no lanes.</p>'
+    # the page's own script is inlined as well: the file must render with no network at all
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+            f"<script>{get_plotlyjs()}</script></head><body>"
+            f"<h1>{html.escape(title)}</h1><div class=\"meta\">{html.escape(' · '.join(meta))}</div>"
+            f"<h2 style=\"margin-top:16px\">Prompt</h2><div class=\"prompt\">{html.escape(str(session.get('prompt') or ''))}</div>"
+            f"{body}{across}"
+            "<p class=\"note\">Exported from Decoder Playground; hover a token for its probability and step.</p>"
+            f"<script>{_DRAW}</script></body></html>\n")

@@ -1,0 +1,107 @@
+"""``playground sessions export ID --html``: one self-contained HTML page of a stored session."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from playground.api import compare
+from playground.cli import main
+from playground.html_export import session_html
+from playground.store import Store
+import visualizers
+
+EVIL = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A stored two-lane session (greedy, speculative) whose first token reads as a script tag."""
+    lanes = [{"decoder": "greedy"},
+             {"decoder": "speculative", "knobs": {"gamma": 2}, "draft": "tiny-shakespeare-draft"}]
+    traces = compare(lanes=lanes, prompt="ROMEO.\n<b>Soft</b>", seed=1, max_new_tokens=5)
+    first = str(traces[0]["output_ids"][0])
+    traces[0]["tokens"][first] = EVIL  # what a model's own token text could hold
+    if isinstance(traces[0].get("pieces"), list):  # the per-position text the output is drawn from
+        traces[0]["pieces"][0] = EVIL
+    path = tmp_path_factory.mktemp("html") / "s.db"
+    with Store(path) as s:
+        sid = s.save_session("a <title> & more", "tiny-shakespeare", "ROMEO.\n<b>Soft</b>",
+                             {"seed": 1, "max_new_tokens": 5}, traces)
+        session = s.load_session(sid)
+    return path, sid, session
+
+
+@pytest.fixture(scope="module")
+def page(stored, tmp_path_factory):
+    path, sid, _ = stored
+    out = tmp_path_factory.mktemp("page") / "session.html"
+    assert main(["sessions", "--db", str(path), "export", sid, "--html", "-o", str(out)]) == 0
+    return out.read_text(encoding="utf-8")
+
+
+def _body(page: str) -> str:
+    """The page after plotly.js (the library's own source is not ours to inspect)."""
+    return page[page.index("</head>"):]
+
+
+def _figures(page: str) -> dict[str, dict]:
+    return {m.group(1): json.loads(m.group(2)) for m in
+            re.finditer(r'<script type="application/json" data-figure="([^"]+)">(.*?)</script>', page, re.S)}
+
+
+@pytest.mark.slow
+def test_every_lane_text_is_there_escaped(stored, page):
+    _, _, session = stored
+    body = _body(page)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert EVIL not in page
+    assert "ROMEO.\n&lt;b&gt;Soft&lt;/b&gt;" in body and "<b>Soft" not in body
+    assert "<title>a &lt;title&gt; &amp; more</title>" in page
+    for j, run in enumerate(session["runs"]):
+        assert f'<section class="lane" data-lane="{j}">' in body
+        assert visualizers.tokens_html(run, visualizers.auto_metric(run), lane=j) in body
+        assert visualizers.stats_line(run) in body
+    # the speculative lane is coloured by draft acceptance, as on the page
+    assert 'data-metric="acceptance"' in body
+
+
+@pytest.mark.slow
+def test_no_external_url_is_needed(page):
+    tags = re.findall(r"<(?:script|link|img|iframe)\b[^>]*>", page, re.I)
+    assert not [t for t in tags if re.search(r"\b(src|href)\s*=", t, re.I)]
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", _body(page), re.I)
+    # plotly.js itself is inlined, once
+    head = page[:page.index("</head>")]
+    assert head.count("<script>") == 1 and "plotly" in head.lower() and len(head) > 1_000_000
+
+
+@pytest.mark.slow
+def test_the_figures_json_is_embedded(stored, page):
+    _, _, session = stored
+    figs = _figures(page)
+    for j, run in enumerate(session["runs"]):
+        want = visualizers.run_figures(run)
+        mine = {k: v for k, v in figs.items() if k.startswith(f"pg-lane{j}-plot")}
+        assert len(mine) == len(want) >= 1
+        for k, (_, fig) in enumerate(want):
+            assert f'<div class="plot" id="pg-lane{j}-plot{k}"' in page
+            assert mine[f"pg-lane{j}-plot{k}"]["data"] == json.loads(fig.to_json())["data"]
+    assert "pg-compare0" in figs  # the plot across lanes
+    assert "Plotly.newPlot" in _body(page)
+
+
+def test_an_empty_session_still_renders():
+    text = session_html({"id": "x", "title": "empty", "model": "m", "prompt": "", "runs": []})
+    assert "has no lanes" in text and text.rstrip().endswith("</html>")
+
+
+@pytest.mark.slow
+def test_a_missing_session_is_one_line(stored, tmp_path, capsys):
+    path, _, _ = stored
+    assert main(["sessions", "--db", str(path), "export", "A" * 32, "--html", "-o", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert not (tmp_path / "x.html").exists()

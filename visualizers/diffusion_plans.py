@@ -1,0 +1,379 @@
+"""Views of the second-wave diffusion plans: what each rule saw and why it committed.
+
+Each plan writes its own evidence field on its ``denoise`` steps and gets one step plot and
+one whole-run plot here: ``ete`` (explore vs exploit, bits per round, cascades), ``r2``
+(which rule committed, windows, stability counters), ``leap`` (anchors and their zones),
+``adablock`` (look-ahead window, delimiter candidates, the block that moves) and
+``schedule`` (ASS: the ascending step sizes beside the even ones). Positions are relative
+to the generated part, as on the canvas.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from visualizers import run_plot, step_plot
+from visualizers._common import (
+    ACCEPTED, CHOSEN, CORRECTION, ENTROPY, FINAL, INK, MASK, at, base_layout, empty_figure, fmt, ints, num,
+    pick_step, plot_text, token_text, visible, wrong_kind,
+)
+from visualizers.canvas import canvas_of, denoise_steps, unmasked_of
+
+NOT_NOW = "not committed"
+ZONE = "rgba(34,165,91,0.12)"
+BAND = "rgba(99,102,241,0.14)"
+
+
+# ---------------------------------------------------------------------- shared builders
+def _masked_at(trace: dict[str, Any], s: dict[str, Any]) -> list[int]:
+    """Positions masked when step ``s`` began (those with a confidence at that step)."""
+    return [p for p, c in enumerate(s.get("confidence") or []) if num(c) is not None]
+
+
+def _hover(trace: dict[str, Any], s: dict[str, Any], p: int, group: str) -> str:
+    pred = at(s.get("predicted"), p)
+    c = num(at(s.get("confidence"), p))
+    b = -math.log2(c) if c and c > 0 else None
+    return (f"position {p} · {group}<br><b>{plot_text(visible(token_text(trace, pred)))}</b>"
+            f" · confidence {fmt(c)} · {fmt(b, 2)} bits<br>entropy {fmt(at(s.get('entropy'), p), 2)} nats")
+
+
+def _group_bars(trace: dict[str, Any], s: dict[str, Any], groups: list[tuple[str, list[int], str]],
+                value: Callable[[int], float | None]) -> go.Figure:
+    """Bars of ``value(p)`` at the step's masked positions, one trace per group (the first
+    group a position is in wins; the rest are ``not committed``), so the legend explains."""
+    masked = _masked_at(trace, s)
+    seen: set[int] = set()
+    fig = go.Figure()
+    for name, members, colour in groups + [(NOT_NOW, masked, MASK)]:
+        sel = [p for p in members if p in masked and p not in seen]
+        seen.update(sel)
+        if sel:
+            fig.add_bar(x=sel, y=[value(p) for p in sel], name=name, marker_color=colour,
+                        hovertext=[_hover(trace, s, p, name) for p in sel], hoverinfo="text")
+    return fig
+
+
+def _spans(fig: go.Figure, spans: list[Any], colour: str, **kw: Any) -> None:
+    for sp in spans:
+        if isinstance(sp, (list, tuple)) and len(sp) == 2 and all(isinstance(v, int) for v in sp):
+            fig.add_vrect(x0=sp[0] - 0.5, x1=sp[1] - 0.5, fillcolor=colour, line_width=0, layer="below", **kw)
+
+
+def _hline(fig: go.Figure, y: Any, text: str, colour: str = INK, **kw: Any) -> None:
+    if num(y) is not None:
+        fig.add_hline(y=num(y), line={"color": colour, "width": 1, "dash": "dash"},
+                      annotation_text=plot_text(text), annotation_position="top left",
+                      annotation_font={"size": 10, "color": colour}, **kw)
+
+
+def _evidence(trace: dict[str, Any], step: int, key: str, title: str) -> tuple[int, dict[str, Any] | None, Any]:
+    """(index, step, the step's ``key`` evidence) or a figure explaining why there is none."""
+    i, s = pick_step(trace, step)
+    if s is None:
+        return i, None, empty_figure("no steps yet", title)
+    if s.get("kind") != "denoise":
+        return i, None, wrong_kind(i, s, "denoise", title)
+    ev = s.get(key)
+    if not isinstance(ev, dict):
+        return i, None, empty_figure(f"step {i} has no {key} evidence", f"{title} · step {i}")
+    return i, s, ev
+
+
+def _rows(trace: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """(step index, step, evidence) of every denoise step carrying dict evidence ``key``."""
+    out = []
+    for s in denoise_steps(trace):
+        ev = s.get(key)
+        if isinstance(ev, dict) and isinstance(s.get("i"), int):
+            out.append((s["i"], s, ev))
+    return out
+
+
+def _width(trace: dict[str, Any]) -> int:
+    steps = denoise_steps(trace)
+    return max([len(canvas_of(s)) for s in steps] + [0])
+
+
+def _markers(fig: go.Figure, trace: dict[str, Any], rows: list[tuple[int, dict[str, Any], dict[str, Any]]],
+             groups: list[tuple[str, str, str, str]], **where: Any) -> None:
+    """Per group (name, evidence list key, colour, symbol): a marker at (position, step) of
+    every position that group committed, hover naming its token."""
+    for name, key, colour, symbol in groups:
+        xs, ys, hv = [], [], []
+        for i, s, ev in rows:
+            for p in ints(ev.get(key)):
+                xs.append(p)
+                ys.append(i)
+                hv.append(f"step {i} · {name}<br>" + _hover(trace, s, p, name))
+        if xs:
+            fig.add_scatter(x=xs, y=ys, mode="markers", name=name, hovertext=hv, hoverinfo="text",
+                            marker={"color": colour, "symbol": symbol, "size": 8,
+                                    "line": {"width": 0.5, "color": "white"}}, **where)
+
+
+# ---------------------------------------------------------------------- ETE
+@step_plot("denoise", "Explore vs exploit", needs="ete")
+def ete_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
+    """Bits (``-log2 p``) of each masked position's proposal at one round: exploit commits
+    (confident, few bits), explore commits (uncertain, many bits), the rest; the line is the
+    exploit threshold in bits, the shaded span where exploration may reach."""
+    title = "Explore vs exploit"
+    i, s, ev = _evidence(trace, step, "ete", title)
+    if s is None:
+        return ev
+    def b(p: int) -> float | None:
+        c = num(at(s.get("confidence"), p))
+        return -math.log2(c) if c and c > 0 else None
+    fig = _group_bars(trace, s, [("exploit", ints(ev.get("exploit")), ACCEPTED),
+                                 ("explore", ints(ev.get("explore")), CORRECTION)], b)
+    _spans(fig, [ev.get("explore_reach")], "rgba(240,122,26,0.08)")
+    thr = num(ev.get("threshold"))
+    if thr and thr > 0:
+        _hline(fig, -math.log2(thr), f"exploit above confidence {fmt(thr)}", ACCEPTED)
+    cascade = ev.get("cascade")
+    sub = (f"{fmt(ev.get('bits'), 2)} bits this round (exploit {fmt(ev.get('bits_exploit'), 2)}, "
+           f"explore {fmt(ev.get('bits_explore'), 2)}) · budget {fmt(ev.get('budget'), 2)}"
+           + (f" · cascade {cascade}" if isinstance(cascade, int) else ""))
+    return base_layout(fig, f"{title} · round {i}", subtitle=plot_text(sub), barmode="overlay",
+                       xaxis_title="position in the canvas", yaxis={"title": "bits (−log2 p)", "rangemode": "tozero"})
+
+
+@run_plot("Bits per round", evidence="ete")
+def ete_run_figure(trace: dict[str, Any]) -> go.Figure:
+    """Top: bits committed per round, exploit and explore stacked, and the cascade (confident
+    commits in the round after an exploration). Bottom: the unmasking map with explore and
+    exploit commits marked."""
+    title = "Bits per round"
+    rows = _rows(trace, "ete")
+    if not rows:
+        return empty_figure("no ETE rounds yet", title)
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.4, 0.6], vertical_spacing=0.12)
+    xs = [i for i, _s, _e in rows]
+    fig.add_bar(x=xs, y=[num(e.get("bits_exploit")) or 0 for _i, _s, e in rows], name="exploit bits",
+                marker_color=ACCEPTED, row=1, col=1)
+    fig.add_bar(x=xs, y=[num(e.get("bits_explore")) or 0 for _i, _s, e in rows], name="explore bits",
+                marker_color=CORRECTION, row=1, col=1)
+    cx = [i for i, _s, e in rows if isinstance(e.get("cascade"), int)]
+    cy = [e["cascade"] for _i, _s, e in rows if isinstance(e.get("cascade"), int)]
+    if cx:
+        fig.add_scatter(x=cx, y=cy, mode="markers+lines", name="cascade (confident commits next round)",
+                        line={"color": FINAL, "width": 1, "dash": "dot"}, marker={"size": 7}, row=1, col=1)
+    _markers(fig, trace, rows, [("exploit", "exploit", ACCEPTED, "circle"),
+                                ("explore", "explore", CORRECTION, "diamond")], row=2, col=1)
+    total = sum(num(e.get("bits")) or 0 for _i, _s, e in rows)
+    explored = sum(len(ints(e.get("explore"))) for _i, _s, e in rows)
+    base_layout(fig, title, subtitle=plot_text(f"{len(rows)} rounds · {total:.1f} bits in all · "
+                                               f"{explored} explored"), height=520, barmode="stack")
+    fig.update_yaxes(title_text="bits · cascade", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="round", autorange="reversed", row=2, col=1)
+    fig.update_xaxes(title_text="round", row=1, col=1)
+    fig.update_xaxes(title_text="position in the canvas", range=[-0.5, _width(trace) - 0.5], row=2, col=1)
+    return fig
+
+
+# ---------------------------------------------------------------------- R²-dLLM
+R2_GROUPS = [("threshold", "threshold", ACCEPTED, "circle"), ("spatial (window)", "spatial", FINAL, "square"),
+             ("temporal (stable)", "temporal", CHOSEN, "diamond")]
+
+
+@step_plot("denoise", "Which rule committed", needs="r2")
+def r2_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
+    """Confidence of each masked position coloured by the R² rule that committed it, the
+    windows that fired shaded, and each position's stability counter (steps its proposal
+    has held) as a line on the right axis."""
+    title = "Which rule committed"
+    i, s, ev = _evidence(trace, step, "r2", title)
+    if s is None:
+        return ev
+    fig = _group_bars(trace, s, [(n, ints(ev.get(k)), c) for n, k, c, _m in R2_GROUPS],
+                      lambda p: num(at(s.get("confidence"), p)))
+    _spans(fig, ev.get("windows") or [], "rgba(99,102,241,0.10)")
+    stab = s.get("stability") or []
+    masked = _masked_at(trace, s)
+    if masked:
+        fig.add_scatter(x=masked, y=[num(at(stab, p)) for p in masked], name="stable for (steps)", yaxis="y2",
+                        mode="markers+lines", line={"color": ENTROPY, "width": 1, "dash": "dot"},
+                        marker={"size": 5})
+    _hline(fig, (s.get("plan") or {}).get("threshold"), "threshold", ACCEPTED)
+    _hline(fig, ev.get("window_threshold"), "window mean", FINAL)
+    need = ev.get("stable_steps")
+    sub = (f"{len(ev.get('windows') or [])} windows fired · stable after {need} steps at mean "
+           f"confidence {fmt(ev.get('stable_threshold'))}")
+    return base_layout(fig, f"{title} · step {i}", subtitle=plot_text(sub), barmode="overlay",
+                       xaxis_title="position in the canvas", yaxis={"title": "confidence", "range": [0, 1.05]},
+                       yaxis2={"title": "stable for (steps)", "overlaying": "y", "side": "right", "showgrid": False,
+                               "rangemode": "tozero"})
+
+
+@run_plot("Stability counters", evidence="r2")
+def r2_run_figure(trace: dict[str, Any]) -> go.Figure:
+    """Position × step: how many steps each masked position's proposal had held (darker =
+    more stable), with each commit marked by the rule that made it."""
+    title = "Stability counters"
+    rows = _rows(trace, "r2")
+    if not rows:
+        return empty_figure("no R² steps yet", title)
+    n = _width(trace)
+    z = [[num(at(s.get("stability"), p)) for p in range(n)] for _i, s, _e in rows]
+    z = [[math.nan if v is None else v for v in r] for r in z]
+    fig = go.Figure()
+    fig.add_heatmap(x=list(range(n)), y=[i for i, _s, _e in rows], z=z, colorscale="Purples", zmin=0,
+                    name="stable for", hovertemplate="position %{x} · step %{y}<br>stable for %{z} steps<extra></extra>",
+                    colorbar={"title": {"text": "stable for", "side": "right"}, "thickness": 12, "len": 0.85})
+    _markers(fig, trace, rows, R2_GROUPS)
+    counts = {n_: sum(len(ints(e.get(k))) for _i, _s, e in rows) for n_, k, _c, _m in R2_GROUPS}
+    sub = " · ".join(f"{k} {v}" for k, v in counts.items())
+    return base_layout(fig, f"{title} · position × step", subtitle=plot_text(sub),
+                       xaxis_title="position in the canvas", yaxis={"title": "step", "autorange": "reversed"})
+
+
+# ---------------------------------------------------------------------- LocalLeap
+@step_plot("denoise", "Anchors and leap zones", needs="leap")
+def leap_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
+    """Confidence of each masked position: anchors (above τ_hi), leaps (inside a zone, above
+    τ_lo) and the rest, with the zones shaded and both thresholds drawn."""
+    title = "Anchors and leap zones"
+    i, s, ev = _evidence(trace, step, "leap", title)
+    if s is None:
+        return ev
+    fig = _group_bars(trace, s, [("anchor", ints(ev.get("anchors")), ACCEPTED),
+                                 ("leap", ints(ev.get("leap")), "#7dd3a0")],
+                      lambda p: num(at(s.get("confidence"), p)))
+    _spans(fig, ev.get("zones") or [], ZONE)
+    _hline(fig, ev.get("tau_hi"), "τ_hi (anchor)", ACCEPTED)
+    _hline(fig, ev.get("tau_lo"), "τ_lo (in a zone)", "#3f9f6a")
+    sub = (f"{len(ints(ev.get('anchors')))} anchors · {len(ints(ev.get('leap')))} leaps · radius "
+           f"{ev.get('radius')}" + (" · no anchor: the most confident position" if ev.get("fallback") else ""))
+    return base_layout(fig, f"{title} · step {i}", subtitle=plot_text(sub), barmode="overlay",
+                       xaxis_title="position in the canvas", yaxis={"title": "confidence", "range": [0, 1.05]})
+
+
+@run_plot("Anchors over the run", evidence="leap")
+def leap_run_figure(trace: dict[str, Any]) -> go.Figure:
+    """Position × step: the leap zones of each step shaded, anchors and leaps marked."""
+    title = "Anchors over the run"
+    rows = _rows(trace, "leap")
+    if not rows:
+        return empty_figure("no LocalLeap steps yet", title)
+    n = _width(trace)
+    z = []
+    for _i, _s, e in rows:
+        r = [math.nan] * n
+        for sp in e.get("zones") or []:
+            if isinstance(sp, list) and len(sp) == 2:
+                for p in range(max(0, sp[0]), min(n, sp[1])):
+                    r[p] = 1.0
+        z.append(r)
+    fig = go.Figure()
+    fig.add_heatmap(x=list(range(n)), y=[i for i, _s, _e in rows], z=z, showscale=False, zmin=0, zmax=1,
+                    colorscale=[[0, "rgba(34,165,91,0.0)"], [1, "rgba(34,165,91,0.22)"]], name="zone",
+                    hovertemplate="position %{x} · step %{y}: inside a leap zone<extra></extra>")
+    _markers(fig, trace, rows, [("anchor", "anchors", ACCEPTED, "circle"), ("leap", "leap", "#7dd3a0", "diamond")])
+    a = sum(len(ints(e.get("anchors"))) for _i, _s, e in rows)
+    lp = sum(len(ints(e.get("leap"))) for _i, _s, e in rows)
+    return base_layout(fig, f"{title} · position × step", subtitle=plot_text(f"{a} anchors · {lp} leaps"),
+                       xaxis_title="position in the canvas", yaxis={"title": "step", "autorange": "reversed"})
+
+
+# ---------------------------------------------------------------------- AdaBlock
+@step_plot("denoise", "Adaptive block", needs="adablock")
+def adablock_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
+    """Confidence of each masked position with the current block shaded; on a block's first
+    step also the look-ahead window, the delimiter candidates (stars) and the boundary."""
+    title = "Adaptive block"
+    i, s, ev = _evidence(trace, step, "adablock", title)
+    if s is None:
+        return ev
+    fig = _group_bars(trace, s, [("committed", unmasked_of(s), ACCEPTED)],
+                      lambda p: num(at(s.get("confidence"), p)))
+    _spans(fig, [s.get("block")], BAND)
+    delims = [d for d in ev.get("delimiters") or [] if isinstance(d, list) and len(d) == 2]
+    if delims:
+        fig.add_scatter(x=[d[0] for d in delims], y=[num(d[1]) for d in delims], mode="markers",
+                        name="delimiter predicted", marker={"symbol": "star", "size": 12, "color": CHOSEN},
+                        hovertext=[_hover(trace, s, d[0], "delimiter candidate") for d in delims], hoverinfo="text")
+    win = ev.get("window")
+    if isinstance(win, list) and len(win) == 2:
+        fig.add_vrect(x0=win[0] - 0.5, x1=win[1] - 0.5, line={"color": CHOSEN, "width": 1, "dash": "dot"},
+                      fillcolor="rgba(0,0,0,0)")
+    _hline(fig, ev.get("delimiter_threshold"), "delimiter threshold", CHOSEN)
+    blk = s.get("block") if isinstance(s.get("block"), list) else [None, None]
+    if ev.get("new_block"):
+        chosen = ev.get("chosen")
+        why = (f"ends after the delimiter at {chosen}" if isinstance(chosen, int)
+               else f"no delimiter confident enough: default end {ev.get('default_end')}")
+        sub = f"new block {blk[0]}–{blk[1]} · {why}"
+    else:
+        sub = f"block {blk[0]}–{blk[1]} (set at its first step)"
+    return base_layout(fig, f"{title} · step {i}", subtitle=plot_text(sub), barmode="overlay",
+                       xaxis_title="position in the canvas", yaxis={"title": "confidence", "range": [0, 1.05]})
+
+
+@run_plot("Blocks over the run", evidence="adablock")
+def adablock_run_figure(trace: dict[str, Any]) -> go.Figure:
+    """Position × step: the block each step worked in (the band moves, and its size varies),
+    commits marked, and the delimiter that ended each adaptive block starred."""
+    title = "Blocks over the run"
+    rows = _rows(trace, "adablock")
+    if not rows:
+        return empty_figure("no AdaBlock steps yet", title)
+    n = _width(trace)
+    z = []
+    for _i, s, _e in rows:
+        r = [math.nan] * n
+        b = s.get("block")
+        if isinstance(b, list) and len(b) == 2:
+            for p in range(max(0, b[0]), min(n, b[1])):
+                r[p] = 1.0
+        z.append(r)
+    fig = go.Figure()
+    fig.add_heatmap(x=list(range(n)), y=[i for i, _s, _e in rows], z=z, showscale=False, zmin=0, zmax=1,
+                    colorscale=[[0, "rgba(99,102,241,0.0)"], [1, "rgba(99,102,241,0.25)"]], name="block",
+                    hovertemplate="position %{x} · step %{y}: in the block<extra></extra>")
+    xs, ys = [], []
+    for i, s, _e in rows:
+        for p in unmasked_of(s):
+            xs.append(p)
+            ys.append(i)
+    fig.add_scatter(x=xs, y=ys, mode="markers", name="committed", marker={"color": ACCEPTED, "size": 7})
+    dx = [(e["chosen"], i) for i, _s, e in rows if isinstance(e.get("chosen"), int)]
+    if dx:
+        fig.add_scatter(x=[d[0] for d in dx], y=[d[1] for d in dx], mode="markers", name="delimiter ends block",
+                        marker={"symbol": "star", "size": 13, "color": CHOSEN})
+    sizes = []
+    for _i, s, e in rows:
+        if e.get("new_block") and isinstance(s.get("block"), list):
+            sizes.append(s["block"][1] - s["block"][0])
+    return base_layout(fig, f"{title} · position × step", subtitle=plot_text("block sizes " + ", ".join(map(str, sizes))),
+                       xaxis_title="position in the canvas", yaxis={"title": "step", "autorange": "reversed"})
+
+
+# ---------------------------------------------------------------------- ASS
+@run_plot("Step-size schedule", evidence="schedule")
+def schedule_run_figure(trace: dict[str, Any]) -> go.Figure:
+    """Commits per step: the ascending schedule that was planned, what was committed, and
+    the even schedule LLaDA would use with the same number of steps, for comparison."""
+    title = "Step-size schedule"
+    steps = [s for s in denoise_steps(trace) if isinstance(s.get("schedule"), dict)]
+    if not steps:
+        return empty_figure("no scheduled steps yet", title)
+    xs = [s.get("i") for s in steps]
+    planned = [at(ints(s["schedule"].get("planned")), s["schedule"].get("index", 0)) for s in steps]
+    even = [at(ints(s["schedule"].get("even")), s["schedule"].get("index", 0)) for s in steps]
+    done = [len(unmasked_of(s)) for s in steps]
+    fig = go.Figure()
+    fig.add_bar(x=xs, y=done, name="committed", marker_color=ACCEPTED)
+    fig.add_scatter(x=xs, y=planned, name="ascending plan", mode="lines+markers", line={"color": CORRECTION, "width": 2})
+    fig.add_scatter(x=xs, y=even, name="even plan (LLaDA)", mode="lines", line={"color": INK, "width": 1, "dash": "dash"})
+    g = num(steps[0]["schedule"].get("growth"))
+    return base_layout(fig, f"{title} · {len(steps)} steps", subtitle=plot_text(f"growth {fmt(g, 2)} per step"),
+                       xaxis_title="step", yaxis={"title": "positions per step", "rangemode": "tozero"})
+
+
+__all__ = ["ete_step_figure", "ete_run_figure", "r2_step_figure", "r2_run_figure", "leap_step_figure",
+           "leap_run_figure", "adablock_step_figure", "adablock_run_figure", "schedule_run_figure"]
