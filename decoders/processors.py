@@ -49,6 +49,9 @@ class Processor:
 
     item: ClassVar[str] = ""
     title: ClassVar[str] = ""  # the name in the trace, when it differs from ``item``
+    # True for a rule that only removes tokens (each logit kept as it is or set to -inf): the
+    # chain's evidence then knows the draw's winner survives unless the rule removed it
+    masks: ClassVar[bool] = False
 
     def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
         raise NotImplementedError
@@ -147,6 +150,7 @@ class NoRepeatNGram(Processor):
     """Ban every token that would complete an n-gram already present in the context."""
 
     item = "no_repeat_ngram"
+    masks = True
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -323,6 +327,7 @@ class TopK(Processor):
     """Keep the ``k`` most probable tokens (ties with the k-th are kept, as transformers)."""
 
     item = "top_k"
+    masks = True
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -341,6 +346,7 @@ class TopP(Processor):
     """
 
     item = "top_p"
+    masks = True
 
     def __init__(self, p: float) -> None:
         self.p = p
@@ -358,6 +364,7 @@ class MinP(Processor):
     """Min-p (Nguyen et al. 2024): keep tokens with probability >= ``p`` times the top one's."""
 
     item = "min_p"
+    masks = True
 
     def __init__(self, p: float) -> None:
         self.p = p
@@ -377,6 +384,7 @@ class Typical(Processor):
     """
 
     item = "typical"
+    masks = True
 
     def __init__(self, p: float) -> None:
         self.p = p
@@ -398,6 +406,7 @@ class Epsilon(Processor):
     """Epsilon sampling (Hewitt et al. 2022): drop tokens with probability below ``epsilon``."""
 
     item = "epsilon"
+    masks = True
 
     def __init__(self, epsilon: float) -> None:
         self.epsilon = epsilon
@@ -410,6 +419,7 @@ class Eta(Processor):
     """Eta sampling (Hewitt et al. 2022): drop tokens below ``min(eps, sqrt(eps)*exp(-H))``."""
 
     item = "eta"
+    masks = True
 
     def __init__(self, epsilon: float) -> None:
         self.epsilon = epsilon
@@ -428,6 +438,7 @@ class TopNSigma(Processor):
     of the maximum (σ over the finite logits, population form, as llama.cpp)."""
 
     item = "top_n_sigma"
+    masks = True
 
     def __init__(self, n: float) -> None:
         self.n = n
@@ -453,6 +464,7 @@ class XTC(Processor):
     """
 
     item = "xtc"
+    masks = True
 
     def __init__(self, threshold: float, probability: float) -> None:
         self.threshold, self.probability = threshold, probability
@@ -482,6 +494,7 @@ class Mirostat(Processor):
     """
 
     item = "mirostat"
+    masks = True
 
     def __init__(self, tau: float, eta: float) -> None:
         self.tau, self.eta = tau, eta
@@ -600,6 +613,9 @@ class ChainParams(Params):
 
 EMPTIED_NOTE = "removed every token; kept the most probable one still live"
 STAGE_TOP = 6  # removed and kept tokens each stage records (traces are stored and streamed)
+# A distribution with at most this many live tokens is evidenced on its support alone (a small
+# tensor) rather than over the vocabulary; past it, a stage costs a few full-vocabulary passes.
+STAGE_SMALL = 1024
 
 
 def _p(x: float) -> float:
@@ -607,17 +623,8 @@ def _p(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _top_pairs(logits: torch.Tensor, lse: torch.Tensor, sel: torch.Tensor, n: int, k: int) -> list[list[Any]]:
-    """``[[id, p], ...]``: the ``k`` most probable of the ``n`` tokens of ``sel`` under
-    ``softmax(logits)`` (``lse`` its log-normaliser); probability is monotone in the logit, so
-    the top logits are taken and only their probabilities computed."""
-    m = min(k, n)
-    if m <= 0:
-        return []
-    # tokens outside sel, and tokens already removed (-inf), never come out on top
-    ids = torch.topk(logits.masked_fill(~sel, NEG_INF), m).indices
-    ps = torch.exp(logits[ids].float() - lse).tolist()
-    return [[int(t), _p(p)] for t, p in zip(ids.tolist(), ps)]
+def _pairs(ids: list[int], probs: list[float]) -> list[list[Any]]:
+    return [[t, _p(q)] for t, q in zip(ids, probs)]
 
 
 def gumbel_pick(logits: torch.Tensor, noise: torch.Tensor) -> int:
@@ -627,12 +634,141 @@ def gumbel_pick(logits: torch.Tensor, noise: torch.Tensor) -> int:
     x = logits.detach().cpu()
     noise = noise.detach().double().cpu()[: x.numel()]
     t = int(torch.argmax(x.double() + noise))
-    # a winner whose probability underflows to 0 is rare (its logit ~100 below the top's): only
-    # then is the whole distribution computed, as draw computes it
-    if float(torch.exp(x[t].float() - torch.logsumexp(x.float(), -1))) > 0:
+    probs = torch.softmax(x.float(), -1)  # one pass, as draw's final distribution is computed
+    # a winner whose probability underflows to 0 is rare (its logit ~100 below the top's)
+    if float(probs[t]) > 0:
         return t
-    live = torch.softmax(x.float(), -1) > 0
+    live = probs > 0
     return int(torch.argmax(torch.where(live, x.double(), torch.full_like(noise, NEG_INF)) + noise))
+
+
+class _Dist:
+    """One distribution along the chain (the logits ``x`` entering or leaving a stage, ``n``
+    live tokens) and what the evidence knows of it.
+
+    A large one is known by its probabilities over the vocabulary (computed when first
+    needed). A small one is known on a short list of candidate ids ``on`` holding its whole
+    support (the support of an earlier distribution of the chain: a rule never revives a
+    removed token), as Python lists: ``vals`` its logits there (``-inf`` where removed),
+    ``probs`` its probabilities, ``order`` the live positions, most probable first. A stage
+    between small distributions then costs one gather and one softmax of the candidates."""
+
+    def __init__(self, x: torch.Tensor, n: int, probs: torch.Tensor | None = None,
+                 on: _Candidates | None = None) -> None:
+        self.x, self.n, self._probs, self.on = x, n, probs, on
+        self.vals: list[float] = []
+        self.probs_l: list[float] = []
+        self.order: list[int] = []
+        self.pick: int | None = None
+        self.winner: int | None = None  # argmax(x + noise) over every live token, underflowed or not
+        if on is not None:
+            v = x[on.ids]
+            self.vals, self.probs_l = v.tolist(), torch.softmax(v, -1).tolist()
+            vals = self.vals
+            self.order = [i for i, e in enumerate(vals) if e != NEG_INF]
+            if any(vals[i] < vals[j] for i, j in zip(self.order, self.order[1:])):  # a stage that reorders
+                self.order.sort(key=vals.__getitem__, reverse=True)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """``softmax(x)`` over the vocabulary."""
+        if self._probs is None:
+            self._probs = torch.softmax(self.x, -1)
+        return self._probs
+
+    def prob(self, t: int) -> float:
+        """The probability of token ``t`` (0 when it is not live)."""
+        if self.on is None:
+            return float(self.probs[t])
+        i = self.on.index(t)
+        return 0.0 if i is None else self.probs_l[i]
+
+    def gumbel(self, noise: torch.Tensor, masked_from: _Dist | None = None) -> None:
+        """Set ``pick``, :func:`gumbel_pick` of this distribution (and ``winner``): on its
+        candidates when it is small; when it is ``masked_from`` by a rule that only removes
+        tokens and that rule kept the winner there, the winner without a pass (the maximum of
+        a superset that survives is the subset's, the lowest id on ties too)."""
+        src = masked_from
+        if src is not None and src.winner is not None and bool(torch.isfinite(self.x[src.winner])):
+            t = src.winner
+            # its probability only grew: far from float32's underflow it is non-zero
+            if src.prob(t) > 1e-30:
+                self.winner = self.pick = t
+                return
+        if self.on is None:
+            # float32 logits promote to float64 exactly: the sum is gumbel_pick's
+            t = int(torch.argmax(torch.add(noise, self.x)))
+        else:
+            # Python floats are float64: the same sums; argmax's rule on ties, the lowest id
+            g, ids = self.on.noise(noise), self.on.ids_l
+            s = {i: self.vals[i] + g[i] for i in self.order}
+            best = max(s.values())
+            t = min(ids[i] for i, e in s.items() if e == best)
+        self.winner = t
+        # a winner whose probability underflowed is rare: then the full rule
+        self.pick = t if self.prob(t) > 0 else gumbel_pick(self.x, noise)
+
+
+class _Candidates:
+    """A short list of token ids (a tensor to gather with, and a list), its positions by id and
+    the run's noise there, each computed once for every distribution known on it."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids, self.ids_l = ids, ids.tolist()
+        self._pos: dict[int, int] | None = None
+        self._noise: list[float] | None = None
+
+    def index(self, t: int) -> int | None:
+        """The position of token ``t`` in the list (None if absent)."""
+        if self._pos is None:
+            self._pos = {t: i for i, t in enumerate(self.ids_l)}
+        return self._pos.get(t)
+
+    def noise(self, noise: torch.Tensor) -> list[float]:
+        """The run's noise at the listed ids."""
+        if self._noise is None:
+            self._noise = noise[self.ids].tolist()
+        return self._noise
+
+
+def _top(ids: list[int], probs: list[float], flags: list[bool], k: int) -> tuple[list[list[Any]], list[list[Any]]]:
+    """The first ``k`` removed and kept candidates (``flags``: kept), candidates most probable first."""
+    sides: dict[bool, list[list[Any]]] = {True: [], False: []}
+    for t, q, f in zip(ids, probs, flags):
+        side = sides[f]
+        if len(side) < k:
+            side.append([t, _p(q)])
+    return sides[False], sides[True]
+
+
+def _masked_top(d: _Dist, drop: torch.Tensor, want: int) -> list[list[Any]]:
+    top = torch.topk(d.x.masked_fill(drop, NEG_INF), want).indices
+    return _pairs(top.tolist(), d.probs[top].tolist())
+
+
+def _cut(d: _Dist, kept: torch.Tensor, n_out: int, k: int) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """``removed``, ``top_removed`` and ``top_kept`` of a stage that keeps ``kept`` (a mask,
+    ``n_out`` tokens) of the large distribution ``d``, and the candidate ids when they hold the
+    whole support leaving the stage (else None).
+
+    The candidates are ``d``'s most probable tokens by ``topk`` (probability is monotone in the
+    logit): the survivors and six more when that is few, so a cut that keeps a top set (top-k,
+    top-p, min-p, ...) is read off them alone; else twelve, and a side they do not cover is
+    taken by ``topk`` over the masked logits. A rule never revives a removed token (each maps
+    -inf to -inf), so the removed tokens are those live in ``d`` and not kept."""
+    n_cut = d.n - n_out
+    m = min(d.n, n_out + k if n_out + k <= STAGE_SMALL else 2 * k)
+    ids = torch.topk(d.x, m).indices
+    ks = kept[ids]
+    flags = ks.tolist()
+    removed, top_kept = _top(ids.tolist(), d.probs[ids].tolist(), flags, k)
+    # a side the candidates hold too few of is taken over the vocabulary, the other side masked
+    if len(removed) < min(k, n_cut):
+        removed = _masked_top(d, kept, min(k, n_cut))
+    if len(top_kept) < min(k, n_out):
+        top_kept = _masked_top(d, ~kept, min(k, n_out))
+    out: dict[str, Any] = {"removed": n_cut, "top_removed": removed, "top_kept": top_kept}
+    return out, (ids[ks] if sum(flags) == n_out else None)
 
 
 def stage_cut(before: torch.Tensor, after: torch.Tensor, k: int = STAGE_TOP,
@@ -647,21 +783,61 @@ def stage_cut(before: torch.Tensor, after: torch.Tensor, k: int = STAGE_TOP,
     stage j+1's ``before``): ``gumbel_in`` / ``gumbel_out``, ``[id, p]``: the token the noise
     draws from the distribution entering / leaving the stage, with its probability entering
     it, so a reader sees which stage moved the draw (and what plain sampling's token was worth).
+    :class:`Chain` records the same evidence with its stages sharing the work.
     """
     x = before.float()
-    lse = torch.logsumexp(x, -1)
-    # The chain's logits are sane (no NaN, no +inf) and a rule never revives a removed token
-    # (every rule maps -inf to -inf), so the survivors are the live tokens after the stage and
-    # the removed ones are live before but not after: two masks, each drawn from directly.
-    live_out = after > NEG_INF
-    n_out = int(live_out.sum())
-    n_cut = int((x > NEG_INF).sum()) - n_out
-    out: dict[str, Any] = {"removed": n_cut, "top_removed": _top_pairs(x, lse, ~live_out, n_cut, k),
-                           "top_kept": _top_pairs(x, lse, live_out, n_out, k)}
+    kept = after > NEG_INF
+    d = _Dist(x, int((x > NEG_INF).sum()))
+    out, _ = _cut(d, kept, int(kept.sum()), k)
     if picks is not None:
         for key, t in zip(("gumbel_in", "gumbel_out"), picks):
-            out[key] = [int(t), _p(float(torch.exp(x[int(t)] - lse)))]
+            out[key] = [int(t), _p(d.prob(int(t)))]
     return out
+
+
+class _Stages:
+    """The stage-by-stage evidence of one chain call, each stage's :func:`stage_cut`, with the
+    work shared along the chain: a stage's exit is the next one's entry, so each distribution
+    is examined once (its probabilities, its Gumbel pick), and once one has at most
+    :data:`STAGE_SMALL` live tokens (the candidates of a cut held them all, or one ``topk``
+    finds them) every later stage and pick is computed on those few candidates, whatever the
+    vocabulary's size."""
+
+    def __init__(self, x: torch.Tensor, raw: torch.Tensor, n: int, noise: torch.Tensor | None, k: int) -> None:
+        self.k = k
+        self.noise = None if noise is None else noise.detach().to(x.device, torch.float64)[: x.numel()]
+        self.cur = self._dist(x, n, None, raw)
+
+    def _dist(self, x: torch.Tensor, n: int, on: _Candidates | None, probs: torch.Tensor | None = None,
+              masked_from: _Dist | None = None) -> _Dist:
+        if on is None and n <= STAGE_SMALL:
+            on = _Candidates(torch.topk(x, n).indices)
+        d = _Dist(x, n, probs, on)
+        if d.on is not None and len(d.order) != n:  # a rule revived a token: know it over the vocabulary
+            d = _Dist(x, n, probs)
+        if self.noise is not None:
+            d.gumbel(self.noise, masked_from if d.on is None else None)
+        return d
+
+    def stage(self, after: torch.Tensor, kept: torch.Tensor, n_out: int, masks: bool = False) -> dict[str, Any]:
+        """The cut of the stage from the current distribution to ``after`` (``kept`` its live
+        mask, ``n_out`` its size; ``masks``: the stage only removed tokens); ``after`` becomes
+        the current distribution."""
+        d, k = self.cur, self.k
+        if d.on is not None:
+            nxt = self._dist(after, n_out, d.on)
+            live = [v != NEG_INF for v in nxt.vals] if nxt.on is d.on else kept[d.on.ids].tolist()
+            removed, top_kept = _top([d.on.ids_l[i] for i in d.order], [d.probs_l[i] for i in d.order],
+                                     [live[i] for i in d.order], k)
+            out: dict[str, Any] = {"removed": d.n - n_out, "top_removed": removed, "top_kept": top_kept}
+        else:
+            out, ids = _cut(d, kept, n_out, k)
+            nxt = self._dist(after, n_out, None if ids is None else _Candidates(ids), masked_from=d if masks else None)
+        self.cur = nxt
+        if self.noise is not None:
+            out["gumbel_in"] = [d.pick, _p(d.prob(d.pick))]
+            out["gumbel_out"] = [nxt.pick, _p(d.prob(nxt.pick))]
+        return out
 
 
 def _sane(logits: torch.Tensor) -> torch.Tensor:
@@ -694,10 +870,11 @@ class Chain:
         evidence to it: kept count and mass, and :func:`stage_cut` (what the stage removed,
         and with the run's Gumbel ``noise`` where the draw moved)."""
         out = _sane(logits.float())
-        if not bool(torch.isfinite(out).any()):
+        live = torch.isfinite(out)
+        if not bool(live.any()):
             raise PlaygroundError("the model returned no finite logits for this position")
         raw = torch.softmax(out, -1) if stages is not None else None
-        pick = gumbel_pick(out, noise) if stages is not None and noise is not None else None
+        ev = _Stages(out, raw, int(live.sum()), noise, STAGE_TOP) if raw is not None else None
         self.emptied = []
         for proc in self.processors:
             label = proc.label if stages is not None else ""
@@ -711,12 +888,10 @@ class Chain:
                 out[keep] = before[keep]
                 kept = torch.isfinite(out)
                 self.emptied.append(proc.label)
-            if stages is not None:
-                nxt = gumbel_pick(out, noise) if pick is not None else None  # pick: noise was given
-                picks = (pick, nxt) if pick is not None and nxt is not None else None
-                stage = {"stage": label, "kept": int(kept.sum()),
-                         "kept_mass": round(float(raw[kept].sum()), 6), **stage_cut(before, out, picks=picks)}
-                pick = nxt
+            if stages is not None and ev is not None and raw is not None:
+                n_kept = int(kept.sum())
+                stage = {"stage": label, "kept": n_kept, "kept_mass": round(float(raw[kept].sum()), 6),
+                         **ev.stage(out, kept, n_kept, masks=proc.masks or emptied)}
                 if emptied:
                     stage.update(emptied=True, note=EMPTIED_NOTE)
                 stages.append(stage)
