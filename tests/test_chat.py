@@ -92,7 +92,7 @@ def test_chat_on_a_model_without_a_template_is_one_line(llama_handle):
 @pytest.mark.parametrize("kwargs, message", [
     ({"system_prompt": "Be brief."}, "a system prompt needs chat mode"),
     ({"chat": "yes"}, "chat must be true or false, got 'yes'"),
-    ({"chat": True, "system_prompt": 3}, "the system prompt must be text, got int"),
+    ({"chat": True, "system_prompt": 3}, "the system prompt must be text, got a number"),
     ({"trust_remote_code": "1"}, "trust_remote_code must be true or false"),
 ])
 def test_bad_chat_requests_are_one_line(chat_handle, kwargs, message):

@@ -174,7 +174,7 @@ def test_a_10mb_prompt_is_refused_at_once_and_does_not_hold_the_model_slot(hoste
 
 
 def test_watermark_text_has_its_own_limit(hosted):
-    msg = event(hosted, "on_detect", ["tiny-shakespeare", "z" * 10_001, "", 0.25, "lefthash", "15485863", 1])
+    msg = event(hosted, "on_detect", ["tiny-shakespeare", "z" * 10_001, "", 0.25, "lefthash", "15485863", 1, None])
     assert "the text has 10001 characters; the limit here is 10000" in json.dumps(msg["output"]["data"])
 
 

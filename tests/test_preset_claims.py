@@ -192,8 +192,8 @@ CLAIMS: dict[str, dict[str, Any]] = {
         "figures": {},
         "checks": [
             lambda L: L[0]["text"].lstrip().startswith("By any virginian"),
-            lambda L: all(L[j]["text"].lstrip().startswith("By any")
-                          and not L[j]["text"].lstrip().startswith("By any virginian") for j in (4, 5)),
+            lambda L: L[4]["text"].lstrip().startswith("By any") and not L[4]["text"].lstrip().startswith("By any virginian"),
+            lambda L: L[5]["text"].lstrip().startswith("With the red weapons"),  # top_p then top_k
             lambda L: not any(L[j]["text"].lstrip().startswith("By") for j in (1, 2, 3)),
         ],
     },

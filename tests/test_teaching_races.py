@@ -38,7 +38,7 @@ def test_no_race_has_a_single_lane():
 @pytest.mark.slow
 def test_longer_drafts_accept_less_and_gain_less_than_a_token_per_doubling():
     row = next(r for r in _rows() if "`gamma` 2, 4 and 8" in r)
-    runs = [_page_run("speculative", gamma=g).stats for g in (2, 4, 8)]
+    runs = [_page_run("speculative", gamma=g, confidence=0.0).stats for g in (2, 4, 8)]
     acc = [s["acceptance_rate"] for s in runs]
     tpf = [s["tokens_per_target_forward"] for s in runs]
     assert acc[0] > acc[1] > acc[2]

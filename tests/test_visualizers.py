@@ -510,11 +510,12 @@ def mlm_handle(tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decoder,params", [("greedy", {}), ("top_p", {"p": 0.8})])
-def test_real_sampling_traces_render(llama_handle, decoder, params):
+@pytest.mark.parametrize("decoder,params,plots", [("greedy", {}, ["Distribution"]),
+                                                  ("top_p", {"p": 0.8}, ["Distribution", "Sampler chain"])])
+def test_real_sampling_traces_render(llama_handle, decoder, params, plots):
     tr = run_real(llama_handle, decoder, **params)
     render_everything(tr)
-    assert [t for t, _ in V.step_figures(tr, 0)] == ["Distribution"]
+    assert [t for t, _ in V.step_figures(tr, 0)] == plots  # a sampler's chain has its stage-by-stage plot
 
 
 SPECULATIVE = [("speculative", {"gamma": 3}), ("speculative", {"gamma": 3, "temperature": 0.0}),
