@@ -243,13 +243,19 @@ def figures(agg: dict[str, Any]) -> dict[str, Any]:
 
 def write_figures(agg: dict[str, Any], directory: str | os.PathLike[str]) -> list[Path]:
     """Write each figure as ``DIR/<metric>.html`` (plotly.js once, beside them); return the paths."""
+    return write_html_figures(figures(agg), directory)
+
+
+def write_html_figures(figs: dict[str, Any], directory: str | os.PathLike[str]) -> list[Path]:
+    """Write each named plotly figure as ``DIR/<name>.html`` (plotly.js once, beside them); the
+    paths. A folder that cannot be made is one line. (Studies and sweeps write theirs so.)"""
     d = Path(directory)
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PlaygroundError(f"cannot create {directory}: {e.strerror or e}") from None
     paths = []
-    for name, fig in figures(agg).items():
+    for name, fig in figs.items():
         path = d / f"{name}.html"
         fig.write_html(path, include_plotlyjs="directory", full_html=True)
         paths.append(path)

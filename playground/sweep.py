@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.errors import PlaygroundError
-from playground.study import agreement, distinct, read_prompts, score_text, DEFAULT_PROMPTS
+from playground.study import agreement, distinct, read_prompts, score_text, write_html_figures, DEFAULT_PROMPTS
 
 MAX_KNOBS = 2
 MAX_CELLS = 64
@@ -279,17 +279,7 @@ def write_figures(agg: dict[str, Any], directory: str | os.PathLike[str]) -> lis
     """Write the sweep figure of every metric as ``DIR/<metric>.html`` (plotly.js once, beside them)."""
     from visualizers.sweep import sweep_figure
 
-    d = Path(directory)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PlaygroundError(f"cannot create {directory}: {e.strerror or e}") from None
-    paths = []
-    for key, title, _ in METRICS:
-        path = d / f"{key}.html"
-        sweep_figure(agg, key, title).write_html(path, include_plotlyjs="directory", full_html=True)
-        paths.append(path)
-    return paths
+    return write_html_figures({key: sweep_figure(agg, key, title) for key, title, _ in METRICS}, directory)
 
 
 # ---------------------------------------------------------------------- the command
