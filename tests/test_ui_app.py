@@ -593,6 +593,41 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     assert stopped == ["tok"]
 
 
+def test_stop_and_acks_get_through_while_the_same_address_holds_every_poll_slot(monkeypatch):
+    """Five pages of one browser (or a class behind one school address) each hold a long poll;
+    a Stop sent meanwhile from that address must reach its run, never a 429 (a lost Stop let
+    a run the user stopped stream on to its end)."""
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    import playground.ui.page_routes as pr
+    import playground.ui.run_session as rs
+
+    stopped, acked = [], []
+    monkeypatch.setattr(rs, "stop_run", stopped.append)
+    monkeypatch.setattr(rs, "on_frame_drawn", acked.append)
+    monkeypatch.setattr(pr, "ClientSlots", lambda: _FullSlots())
+    client = TestClient(Starlette(routes=pr.page_routes()))
+    assert client.post("/playground_api/live", json={"value": "x" * 20 + ":0"}).status_code == 429
+    assert client.post("/playground_api/stop", json={"value": "tok"}).status_code == 204
+    assert client.post("/playground_api/ack", json={"value": "tok:1"}).status_code == 204
+    assert stopped == ["tok"] and acked == ["tok:1"]
+    assert pr.MAX_PER_CLIENT >= 30  # a classroom's pages behind one address all poll
+
+
+class _FullSlots:
+    """Per-client slots of an address whose every slot is taken."""
+
+    def client(self, request):
+        return "10.0.0.1"
+
+    def enter(self, who):
+        return False
+
+    def leave(self, who):
+        raise AssertionError("nothing was entered")
+
+
 def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypatch):
     """What the page's click listener sends on Stop: the run token from the status line's
     frame name. A stranger's token and an ended run's stop nothing."""

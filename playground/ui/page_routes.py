@@ -21,9 +21,10 @@ from playground.ui.exports import ExportLinks, content_disposition, export_body
 
 PREFIX = "/playground_api"
 MAX_BODY = 1024  # every value is a run token with a number or two
-# Requests one client may have open on these routes at once: a page has one poll and an
-# acknowledgement or a Stop in flight; a few tabs of one browser fit easily.
-MAX_PER_CLIENT = 8
+# Long polls (and export downloads) one client address may have open at once. A class behind
+# one school address shares it, so it is sized for a room, not a browser: each page holds one
+# poll, and a poll of a run that is not running never waits at all (live_feed.py).
+MAX_PER_CLIENT = 64
 
 
 class TooLarge(Exception):
@@ -86,11 +87,19 @@ class ClientSlots:
                 self._open.pop(who, None)
 
 
-def _guarded(handler: Callable[[Any], Awaitable[Any]], slots: ClientSlots) -> Callable[[Any], Awaitable[Any]]:
-    """``handler`` behind the per-client bound and the body limit (413 / 429 at once)."""
+def _guarded(handler: Callable[[Any], Awaitable[Any]], slots: ClientSlots | None) -> Callable[[Any], Awaitable[Any]]:
+    """``handler`` behind the body limit (413 at once) and, with ``slots``, the per-client bound
+    (429 at once). Stop and the acknowledgements take no slot: they never wait, and a Stop
+    refused because the same address's pages were polling is a Stop lost (seen with five
+    pages of one browser)."""
     from starlette.responses import Response
 
     async def route(request: Any) -> Any:
+        if slots is None:
+            try:
+                return await handler(request)
+            except TooLarge:
+                return Response(status_code=413)
         who = slots.client(request)
         if not slots.enter(who):
             return Response(status_code=429, headers={"Retry-After": "1"})
@@ -172,8 +181,8 @@ def page_routes(exports: ExportLinks | None = None) -> list[Any]:
 
     slots = ClientSlots()
     routes = [Route(f"{PREFIX}/live", _guarded(live, slots), methods=["POST"]),
-              Route(f"{PREFIX}/ack", _guarded(ack, slots), methods=["POST"]),
-              Route(f"{PREFIX}/stop", _guarded(stop, slots), methods=["POST"])]
+              Route(f"{PREFIX}/ack", _guarded(ack, None), methods=["POST"]),
+              Route(f"{PREFIX}/stop", _guarded(stop, None), methods=["POST"])]
     if exports is not None:
         routes.append(Route(f"{PREFIX}/export/{{token}}", _guarded(export_route(exports), slots), methods=["GET"]))
     return routes
