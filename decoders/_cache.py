@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 NEG_INF = float("-inf")
 WINDOW_TYPES = ("sliding_attention",)

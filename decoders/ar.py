@@ -13,9 +13,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from decoders.base import Context, check_stop
-from playground.errors import PlaygroundError
-from playground.models import crop_cache
-from playground.trace import Step
+from playground.core.errors import PlaygroundError
+from playground.core.models import crop_cache
+from playground.core.trace import Step
 
 
 class ARState:

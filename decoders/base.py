@@ -1,7 +1,7 @@
 """Decoder registry, parameter specs and the run context.
 
 A decoder is a class with a name, family, kind (``causal``/``diffusion``), a parameter
-spec, a reference and a ``run(ctx)`` generator that yields :class:`~playground.trace.Step`
+spec, a reference and a ``run(ctx)`` generator that yields :class:`~playground.core.trace.Step`
 objects. The parameter spec is data: the CLI, the UI controls and input validation all
 come from it.
 """
@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 import torch
 
-from playground.errors import Cancelled, PlaygroundError
-from playground.trace import Step
+from playground.core.errors import Cancelled, PlaygroundError
+from playground.core.trace import Step
 
 
 # ---------------------------------------------------------------------- parameter specs
@@ -211,7 +211,7 @@ class Params(dict):
 class Context:
     """Everything one run of a decoder needs.
 
-    ``target``/``draft`` are counting :class:`~playground.models.ModelView` objects.
+    ``target``/``draft`` are counting :class:`~playground.core.models.ModelView` objects.
     Randomness comes from :meth:`uniform`, :meth:`uniforms` and :meth:`gumbel`: the same
     seed gives every decoder the same numbers for the same (stream, index), the *common
     random numbers* that make two samplers differ by their rule and not by their luck.

@@ -23,7 +23,7 @@ from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, d
 from decoders.guided._constraint import constraint_params
 from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
                                  build_chain, chain_params, check_chain)
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 declare_family(

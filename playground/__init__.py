@@ -8,7 +8,7 @@ The Python API mirrors the command line::
 
 from __future__ import annotations
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 __version__ = "0.1.0"
 

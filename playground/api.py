@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground import inputs
-from playground.errors import PlaygroundError
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
 
 DEFAULT_MODEL = "tiny-shakespeare"
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -180,10 +180,10 @@ def plan_compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, 
     Checks the lane count against this instance's limit and the policy name; everything
     else (knobs, models, prompt, token limits) is checked per lane by :func:`prepare_lanes`.
     """
-    from playground.models.chat import check_chat
+    from playground.core.models.chat import check_chat
     from playground.presets import load_preset
     from playground.runner import POLICIES
-    from playground.settings import check_lanes
+    from playground.core.settings import check_lanes
 
     if preset in (None, "") and lanes in (None, "", []):
         raise PlaygroundError("a comparison needs a preset or lanes")

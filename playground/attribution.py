@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 METHODS = ("integrated_gradients", "gradient_x_input")
 BASELINES = ("eos", "zero")
@@ -134,12 +134,12 @@ def attribute(trace: Any, step: int, token: int | None = None, contrast: int | N
               baseline: str = "eos") -> dict[str, Any]:
     """Attribute a token of a trace's step to its context (prompt and generated tokens).
 
-    ``trace``: a trace dict or :class:`~playground.trace.Trace` (a replay needs the model, loaded
+    ``trace``: a trace dict or :class:`~playground.core.trace.Trace` (a replay needs the model, loaded
     by name from the trace unless ``model`` gives a name or handle). ``token`` defaults to the
     step's (first) committed token; ``contrast`` asks why ``token`` rather than this one. Adds
     ``step``, ``texts`` (each context token's text) to :func:`attribute_ids`' result.
     """
-    from playground.models import ModelHandle, load_model
+    from playground.core.models import ModelHandle, load_model
 
     d = trace.to_dict() if hasattr(trace, "to_dict") else trace
     if not isinstance(d, dict):

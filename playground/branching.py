@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.force import forced_positions
 
 

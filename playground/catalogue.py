@@ -2,7 +2,7 @@
 
 The catalogue is generated so it cannot drift from the code: every decoder's family, kind,
 knobs (type, default, range, help), the evidence its steps carry and the page's plots come
-from the decoder classes, ``playground.trace.STEP_KINDS`` and ``visualizers``; the paper
+from the decoder classes, ``playground.core.trace.STEP_KINDS`` and ``visualizers``; the paper
 links come from ``playground.papers``; each family's title, place, primer and extra evidence
 come from its own module's :func:`decoders.base.declare_family`, a decoder's extra evidence from
 its class's ``shows``. What is written here by hand is the prose around them: the introduction,
@@ -198,7 +198,7 @@ def _plots_line(step_kind: str) -> str:
 
 
 def _shows(step_kind: str) -> str:
-    from playground.trace import STEP_KINDS
+    from playground.core.trace import STEP_KINDS
 
     kind = STEP_KINDS.get(step_kind)
     return kind.shows if kind else f"`{step_kind}` steps"

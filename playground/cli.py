@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 EXIT_USAGE = 2
 
@@ -174,7 +174,7 @@ def _cmd_list_decoders(args: argparse.Namespace) -> int:
 
 
 def _cmd_list_models(args: argparse.Namespace) -> int:
-    from playground.models import list_models
+    from playground.core.models import list_models
 
     models = list_models()
     if args.json:

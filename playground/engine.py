@@ -13,11 +13,11 @@ from typing import Any
 
 from decoders.base import Context, Decoder, get_decoder
 from playground import inputs
-from playground.errors import Cancelled, PlaygroundError
-from playground.models import ModelHandle, load_model, token_pieces
-from playground.models.chat import check_chat
-from playground.settings import limits
-from playground.trace import (Step, Trace, TraceRecorder, acceptance_by_position, committed_count,
+from playground.core.errors import Cancelled, PlaygroundError
+from playground.core.models import ModelHandle, load_model, token_pieces
+from playground.core.models.chat import check_chat
+from playground.core.settings import limits
+from playground.core.trace import (Step, Trace, TraceRecorder, acceptance_by_position, committed_count,
                               token_id_keys)
 from playground.watch import resolve_watch
 
@@ -144,7 +144,7 @@ class Run:
 
 def _ids_in(d: Any, out: set[int], keys: frozenset[str], key: str = "") -> None:
     """Collect every token id a trace dict mentions under one of ``keys`` (ids, tokens,
-    canvases, trees, beams: the keys the step kinds declare, :func:`playground.trace.token_id_keys`)."""
+    canvases, trees, beams: the keys the step kinds declare, :func:`playground.core.trace.token_id_keys`)."""
     if isinstance(d, dict):
         for k, v in d.items():
             if k in keys:

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 # Mass given to the tokens a forced row rules out: finite, so log-softmax and beam scores stay
 # finite (no NaN from -inf - -inf), yet far enough below that no noise or penalty revives them.

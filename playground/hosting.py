@@ -1,6 +1,6 @@
 """Hosting glue for Hugging Face Spaces: the ZeroGPU decorator, queue and launch settings.
 
-The UI calls these; everything is read from the environment (see ``playground/settings.py``
+The UI calls these; everything is read from the environment (see ``playground/core/settings.py``
 and ``docs/hosting.md``), so the same code runs locally, on a CPU Space and on ZeroGPU.
 
 * :func:`gpu` wraps a function that runs models with ``spaces.GPU`` when the ``spaces``
@@ -20,8 +20,8 @@ import importlib
 import os
 from typing import Any, Callable, TypeVar, overload
 
-from playground.errors import PlaygroundError
-from playground.settings import limits, on_space
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits, on_space
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,7 +76,7 @@ def remote_code_allowed() -> bool:
     True where ``PLAYGROUND_ALLOW_REMOTE_CODE`` allows it (default locally, off on a Space) and
     a model other than the bundled ones (which need no code of their own) may be loaded. The
     page shows its remote-code opt-in only where this is true; elsewhere
-    :func:`playground.models.load_model` refuses the opt-in in one line.
+    :func:`playground.core.models.load_model` refuses the opt-in in one line.
     """
     lim = limits()
     return lim.allow_remote_code and not lim.no_models and any(s != "bundled" for s in lim.model_sources)

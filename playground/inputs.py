@@ -14,7 +14,7 @@ import math
 import operator
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 # Gradio serialises ints through orjson, which refuses anything outside the signed 64-bit
 # range; SQLite's INTEGER is signed 64-bit too. A seed at or over 2**63 would be accepted,

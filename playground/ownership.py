@@ -6,7 +6,7 @@ server stores only its *owner id*, a SHA-256 of the key, with each session the b
 a database that leaks gives no one the keys. Knowing a session's id lets anyone read it (that
 is what a share link is); changing it (rename, delete) needs its owner's key.
 
-Two modes, chosen by ``PLAYGROUND_LIST_SESSIONS`` (:mod:`playground.settings`):
+Two modes, chosen by ``PLAYGROUND_LIST_SESSIONS`` (:mod:`playground.core.settings`):
 
 * **one user** (1, the local default): the Sessions tab lists every stored session and anyone
   using the page may rename, delete and export any of them, as before owners existed;
@@ -21,8 +21,8 @@ import hashlib
 import re
 from typing import Any
 
-from playground.errors import PlaygroundError
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
 
 KEY_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
 _SALT = b"decoder-playground owner v1:"

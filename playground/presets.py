@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from playground import policies
-from playground.errors import PlaygroundError
-from playground.trace import SCHEMA
+from playground.core.errors import PlaygroundError
+from playground.core.trace import SCHEMA
 
 log = logging.getLogger(__name__)
 

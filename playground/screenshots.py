@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 THREE_LANES = "Greedy vs beam search vs sampling"
@@ -166,7 +166,7 @@ def _sessions_shot(page: Any, out: Path, written: list[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Start the app and Chromium, take the screenshots, print the files written."""
     from playground.bench._browser import app_and_browser, load_preset, new_page, set_number, wait_idle
-    from playground.models import BUNDLED_DIR
+    from playground.core.models import BUNDLED_DIR
 
     want = set(args.only or NAMES)
     models = ("tiny-shakespeare", "tiny-shakespeare-draft") + (("tiny-shakespeare-diffusion",)

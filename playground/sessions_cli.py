@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Any
 
-from playground.errors import PlaygroundError
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
 
 
 def _add_db(p: argparse.ArgumentParser, top: bool) -> None:

@@ -1,7 +1,7 @@
 """Stored sessions: every comparison's traces in SQLite, replayable without a model (a contract).
 
 A *session* is one comparison: its title, model, prompt, UI settings and one run (a trace
-dict, see ``playground/trace.py``) per lane. Share links (``/?session=<id>``), the Sessions
+dict, see ``playground/core/trace.py``) per lane. Share links (``/?session=<id>``), the Sessions
 view and ``playground sessions ...`` all go through :class:`Store`.
 
 Design choices, and why:
@@ -46,9 +46,9 @@ from typing import Any, Callable
 import sqlite_utils
 
 from playground import inputs
-from playground.errors import PlaygroundError
-from playground.settings import limits
-from playground.trace import validate_trace_dict
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
+from playground.core.trace import validate_trace_dict
 
 EXPORT_FORMAT = "decoder-playground-session"
 EXPORT_VERSION = 1

@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "presets" / "prompts" / "shakespeare-24.jsonl"
 DEFAULT_SCORER = "tiny-shakespeare"
@@ -393,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_study(args: argparse.Namespace, where: Ranks) -> None:
     from playground.api import plan_compare
-    from playground.models import load_model
+    from playground.core.models import load_model
     from playground.store import Store
 
     prompts = read_prompts(args.prompts)

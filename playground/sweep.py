@@ -31,7 +31,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.study import agreement, distinct, read_prompts, score_text, write_html_figures, DEFAULT_PROMPTS
 
 MAX_KNOBS = 2
@@ -343,7 +343,7 @@ def _parse_params(items: list[str]) -> dict[str, str]:
 def _run_sweep(args: argparse.Namespace) -> None:
     from decoders import get_decoder
     from playground.api import plan_compare, prepare_lanes
-    from playground.models import load_model
+    from playground.core.models import load_model
     from playground.store import Store
 
     cls = get_decoder(args.decoder)

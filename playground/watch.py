@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 MAX_WATCH = 16  # watched tokens per run (each costs every step a few numbers)
 

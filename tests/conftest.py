@@ -83,14 +83,14 @@ def build_gpt2(tokenizer, seed: int = 0):
 
 @pytest.fixture(scope="session")
 def llama_handle(tokenizer):
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     return handle_from_model(build_llama(tokenizer), tokenizer, name="tiny-llama")
 
 
 @pytest.fixture(scope="session")
 def gpt2_handle(tokenizer):
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     return handle_from_model(build_gpt2(tokenizer), tokenizer, name="tiny-gpt2")
 
@@ -121,7 +121,7 @@ def tiny(monkeypatch, llama_handle):
 
     def fake_load(spec, **kw):
         if spec == "missing-model":
-            from playground.errors import PlaygroundError
+            from playground.core.errors import PlaygroundError
 
             raise PlaygroundError("model path 'missing-model' does not exist or has no config.json")
         return llama_handle

@@ -11,7 +11,7 @@ import torch
 
 from decoders.speculative._verify import Rule, cactus_target, rule_params, verify_group
 from playground.engine import prepare
-from playground.models import handle_from_model
+from playground.core.models import handle_from_model
 from test_speculative import build_varied_llama
 from visualizers import step_figures
 from visualizers.accept_rules import accept_rules_figure

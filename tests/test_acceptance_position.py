@@ -9,7 +9,7 @@ import pytest
 
 import playground
 import visualizers
-from playground.trace import acceptance_by_position, draft_depths, expected_tokens_per_verification
+from playground.core.trace import acceptance_by_position, draft_depths, expected_tokens_per_verification
 from visualizers.acceptance import TITLE, position_figure
 
 MODEL, DRAFT = "tiny-shakespeare", "tiny-shakespeare-draft"

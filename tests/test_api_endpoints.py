@@ -101,7 +101,7 @@ def test_view_api_lists_exactly_the_public_endpoints(client):
 @slow
 def test_model_endpoints_share_the_pages_model_concurrency_group(served):
     from playground.hosting import MODEL_CONCURRENCY_ID
-    from playground.settings import limits
+    from playground.core.settings import limits
 
     fns = {f.api_name: f for f in served["demo"].fns.values() if f.api_visibility == "public"}
     for name in ("generate", "compare", "compare_stream"):
@@ -202,7 +202,7 @@ def test_compare_stream_yields_snapshots_ending_with_the_compare_result(client, 
 @slow
 def test_bad_knob_and_unknown_decoder_are_one_clear_line(client):
     import playground
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
 
     for decoder, knobs in (("top_p", {"p": 5.0}), ("top_p", {"q": 1}), ("no_such_decoder", {})):
         with pytest.raises(PlaygroundError) as want:
@@ -232,7 +232,7 @@ def test_hosting_limits_apply(client, monkeypatch):
         "4 lanes is over this instance's limit of 3"
     assert "the limit here is 20" in app_error(client, prompt="x" * 21, max_new_tokens=4, api_name="/generate")
     monkeypatch.setenv("PLAYGROUND_MODEL_SOURCES", "bundled")
-    from playground.models import BUNDLED_DIR
+    from playground.core.models import BUNDLED_DIR
 
     as_path = str((BUNDLED_DIR / "tiny-shakespeare").resolve())  # the bundled model, named by its path
     assert app_error(client, model=as_path, prompt="ROMEO:", max_new_tokens=4, api_name="/generate") == \
@@ -292,7 +292,7 @@ def test_plan_reads_lanes_as_objects_json_text_or_names():
 ])
 def test_plan_refuses_a_bad_request_with_one_line(kwargs, message):
     from playground.api import plan_compare
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
 
     with pytest.raises(PlaygroundError) as e:
         plan_compare(**kwargs)
@@ -301,7 +301,7 @@ def test_plan_refuses_a_bad_request_with_one_line(kwargs, message):
 
 def test_plan_applies_the_lane_limit(monkeypatch):
     from playground.api import plan_compare
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
 
     monkeypatch.setenv("PLAYGROUND_MAX_LANES", "2")
     assert len(plan_compare(lanes=["greedy", "greedy"]).lanes) == 2

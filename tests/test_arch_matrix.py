@@ -24,8 +24,8 @@ from decoders._cache import MaskMap, cache_info, fit_tree_mask
 from decoders.base import all_decoders, get_decoder
 from decoders.speculative._verify import SpecDecoder, tree_inputs
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
 
 # longer than the window (8) of the windowed models, and with the '\n\n' CAD splits on
 PROMPT = "ROMEO: But soft, what light through yonder window breaks?\n\nJULIET: O Romeo, Romeo, wherefore"

@@ -16,8 +16,8 @@ from conftest import build_gpt2, build_llama
 from playground.attribution import attribute, attribute_ids, step_context
 from playground.cli import main as cli_main
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
 
 
 @pytest.fixture(scope="module")

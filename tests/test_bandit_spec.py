@@ -11,7 +11,7 @@ import pytest
 
 from decoders.speculative.bandit import EXP3, UCB, modeled_reward
 from playground.engine import prepare
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from visualizers import run_figures
 from visualizers.bandit import bandit_figure
 
@@ -58,7 +58,7 @@ def test_modeled_reward_by_hand():
 
 @pytest.fixture(scope="module")
 def bundled():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-draft", device="cpu")
 

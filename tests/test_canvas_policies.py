@@ -41,7 +41,7 @@ def test_every_policy_knob_is_covered():
 
 @pytest.fixture(scope="module")
 def diffusion_model():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare-diffusion", device="cpu")
 

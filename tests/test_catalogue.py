@@ -21,11 +21,11 @@ def test_every_decoder_has_a_paper_and_help():
 
 
 def test_catalogue_takes_step_kinds_and_plots_from_their_registries():
-    # what each step kind shows and which plots it gets are declared once (playground.trace,
+    # what each step kind shows and which plots it gets are declared once (playground.core.trace,
     # visualizers); the catalogue repeats them for every decoder of that kind
     import visualizers
     from decoders import all_decoders
-    from playground.trace import STEP_KINDS
+    from playground.core.trace import STEP_KINDS
 
     doc = render()
     for c in all_decoders():

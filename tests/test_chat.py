@@ -11,7 +11,7 @@ import pytest
 from playground import api
 from playground.cli import main
 from playground.engine import prepare
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
@@ -29,7 +29,7 @@ def chat_tokenizer(tokenizer):
 
 @pytest.fixture(scope="module")
 def chat_handle(llama_handle, chat_tokenizer):
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     return handle_from_model(llama_handle.model, chat_tokenizer, name="tiny-chat")
 
@@ -102,7 +102,7 @@ def test_bad_chat_requests_are_one_line(chat_handle, kwargs, message):
 
 
 def test_a_template_that_refuses_the_system_turn_is_one_line(llama_handle, tokenizer):
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     t = copy.deepcopy(tokenizer)
     t.chat_template = NO_SYSTEM
@@ -154,7 +154,7 @@ def test_cli_chat_mistakes_are_one_line(capsys, tmp_path, tokenizer, argv, needl
 def test_a_diffusion_lane_gets_the_same_chat_prompt(chat_tokenizer, chat_handle):
     from transformers import BertConfig, BertForMaskedLM
 
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     cfg = BertConfig(vocab_size=len(chat_tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                      intermediate_size=64, max_position_embeddings=128)

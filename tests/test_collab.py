@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
 
 PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo", "To be, or not to be"]
 
@@ -149,7 +149,7 @@ def test_cascade_counts_the_tokens_it_changed(large, small, rule, alpha):
 # ---------------------------------------------------------------------- diffuspec
 @pytest.fixture(scope="module")
 def bundled():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-diffusion", device="cpu")
 

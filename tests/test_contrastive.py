@@ -21,9 +21,9 @@ import decoders
 from conftest import build_tokenizer
 from decoders.base import Context
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
-from playground.trace import validate_trace_dict
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
+from playground.core.trace import validate_trace_dict
 
 PROMPTS = ["ROMEO:", "To be, or not to be", "JULIET: O Romeo, Romeo", "and tomorrow, and"]
 N = 8

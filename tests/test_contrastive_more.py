@@ -19,9 +19,9 @@ import decoders
 from decoders.base import Context
 from decoders.contrastive.fsd import AntiLM
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
-from playground.trace import validate_trace_dict
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
+from playground.core.trace import validate_trace_dict
 from test_contrastive import PROMPTS, forward, ids_of, make_gpt2, make_llama, ref_greedy, run_ids
 
 from conftest import build_tokenizer

@@ -25,8 +25,8 @@ import playground
 from decoders import processors as P
 from decoders.ar import draw, gumbel_index, sample_index
 from decoders.base import Context, get_decoder
-from playground.errors import PlaygroundError
-from playground.models import load_model
+from playground.core.errors import PlaygroundError
+from playground.core.models import load_model
 from playground.presets import load_preset
 
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import diffusion_meta, handle_from_model
-from playground.trace import Trace
+from playground.core.errors import PlaygroundError
+from playground.core.models import diffusion_meta, handle_from_model
+from playground.core.trace import Trace
 
 PROMPT = "ROMEO: But soft"
 
@@ -37,7 +37,7 @@ def mlm(tokenizer):
 
 @pytest.fixture(scope="module")
 def bundled():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare-diffusion", device="cpu")
 
@@ -344,7 +344,7 @@ def test_plain_masked_lms_run(tokenizer, arch):
     from transformers import (BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM,
                               RobertaConfig, RobertaForMaskedLM)
 
-    from playground.models import detect_kind
+    from playground.core.models import detect_kind
 
     v, pad = len(tokenizer), tokenizer.pad_token_id
     small = dict(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -13,8 +13,8 @@ from decoders.diffusion._rules import (Streaks, delimiter_boundary, ete_select, 
                                        stable_select, window_select)
 from decoders.diffusion._sampler import ascending_schedule, ascending_steps
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
 from test_diffusion import build_bert
 from test_visualizers import render_everything
 
@@ -30,7 +30,7 @@ def mlm(tokenizer):
 
 @pytest.fixture(scope="module")
 def bundled():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare-diffusion", device="cpu")
 

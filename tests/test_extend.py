@@ -19,7 +19,7 @@ import torch
 import visualizers as V
 from decoders.base import (FAMILY_INFO, REGISTRY, Context, Decoder, Int, Params, declare_family, family_of,
                            forget_family, register, unregister)
-from playground.trace import STEP_KINDS, Step, Trace, declare_step_kind, forget_step_kind, token_id_keys
+from playground.core.trace import STEP_KINDS, Step, Trace, declare_step_kind, forget_step_kind, token_id_keys
 
 NAME, FAMILY, KIND = "tally_greedy", "tally", "tally"
 
@@ -132,7 +132,7 @@ def test_it_takes_forced_tokens_as_its_family_declares(tally, llama_handle):
 
 
 def test_a_decoder_that_differs_from_its_family_says_so_in_its_class(tally, llama_handle):
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
     from playground.force import force_mode
 
     class Unforceable(TallyGreedy):
@@ -153,7 +153,7 @@ def test_a_decoder_that_differs_from_its_family_says_so_in_its_class(tally, llam
 
 
 def test_an_undeclared_family_refuses_forced_tokens_in_one_line():
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
     from playground.force import force_mode
 
     class Stray(Decoder):
@@ -179,7 +179,7 @@ def test_the_page_offers_it_in_every_lane_picker(tally):
 
 
 def test_bad_knobs_are_one_line(tally, llama_handle):
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
 
     with pytest.raises(PlaygroundError, match="out of range"):
         _run(llama_handle, params={"width": 99})

@@ -1,6 +1,6 @@
 """One figure, one number: for every speculative, collab and guided decoder of the registry,
 the figures the lane's stats line shows equal the trace's stored stats, and both equal the
-definition in playground/trace.py applied to the trace's steps; the watermark detector on a
+definition in playground/core/trace.py applied to the trace's steps; the watermark detector on a
 lane's token ids gives the lane's own z."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import decoders  # noqa: F401 - registers every family
 from decoders.base import REGISTRY
 from playground.engine import run_to_end
-from playground.trace import FIGURE_NAMES, Step, draft_counts, step_figures
+from playground.core.trace import FIGURE_NAMES, Step, draft_counts, step_figures
 from visualizers.tokens import stats_figures, stats_line
 from visualizers.tree import acceptance_timeline, accepted_length_histogram
 
@@ -137,7 +137,7 @@ def test_watermark_cli_scores_a_saved_lane(tmp_path, capsys):
 def test_empty_text_message_names_no_cli_flag_outside_the_cli(capsys):
     from decoders.guided.watermark import detect_text
     from playground.cli import main
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
 
     with pytest.raises(PlaygroundError) as e:
         detect_text("tiny-shakespeare", "  ")

@@ -8,9 +8,9 @@ import pytest
 
 import playground
 from playground.cli import main
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.force import forced_positions, parse_force
-from playground.trace import Trace
+from playground.core.trace import Trace
 
 MODEL, DRAFT = "tiny-shakespeare", "tiny-shakespeare-draft"
 BASE = dict(model=MODEL, prompt="ROMEO:", max_new_tokens=14, seed=3)

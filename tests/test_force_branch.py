@@ -10,7 +10,7 @@ import pytest
 
 import playground
 from playground.branching import branch_requests, branch_session, step_position
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.store import Store
 from visualizers import COMPARE_PLOTS
 from visualizers.divergence import divergence, divergence_figure, js, kl, lane_divergence, lumped
@@ -174,7 +174,7 @@ def test_a_replayed_branch_shows_its_forced_tokens():
 
 def test_inspector_helpers_offer_the_steps_top_k_and_take_one_token_of_text(lanes):
     from playground.branching import resolve_token, token_choices
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     greedy = lanes[0]
     choices = token_choices(greedy, 3)

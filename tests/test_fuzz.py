@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 import decoders
 from decoders.base import Bool, Choice, Float, Int, Param, Text
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.trace import FINISH_REASONS, validate_trace_dict
+from playground.core.errors import PlaygroundError
+from playground.core.trace import FINISH_REASONS, validate_trace_dict
 
 DECODERS = [cls.name for cls in decoders.all_decoders()]
 
@@ -56,7 +56,7 @@ def fuzz_models(tokenizer) -> dict[str, dict[str, Any]]:
     from test_diffusion import build_bert
 
     from conftest import build_gpt2, build_llama
-    from playground.models import handle_from_model, load_model
+    from playground.core.models import handle_from_model, load_model
 
     bundled = {
         "causal": load_model("tiny-shakespeare", device="cpu"),

@@ -12,7 +12,7 @@ import torch
 
 from decoders.base import get_decoder
 from playground.engine import prepare
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 WORDS = r"(the|and|[a-z]{2,4})( [a-z]{1,5}){1,3}[.!]?"
 
@@ -128,7 +128,7 @@ SCHEMA = {"type": "object",
 @pytest.mark.slow
 def test_sampled_json_validates_on_bundled_model():
     import jsonschema  # the dev extra: a missing one fails, never skips
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     h = load_model("tiny-shakespeare")
     for seed in range(12):
@@ -140,7 +140,7 @@ def test_sampled_json_validates_on_bundled_model():
 
 @pytest.mark.slow
 def test_sampled_regex_on_bundled_model_over_seeds():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     h = load_model("tiny-shakespeare")
     pattern = r"(ROMEO|JULIET): [A-Z][a-z]{1,8}( [a-z]{1,8}){0,4}[.!?]"
@@ -166,7 +166,7 @@ def test_constrained_speculative_equals_constrained_greedy(llama_handle, decoder
 
 @pytest.mark.slow
 def test_constrained_speculative_equals_greedy_on_bundled_models():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     h, d = load_model("tiny-shakespeare"), load_model("tiny-shakespeare-draft")
     schema = json.dumps(SCHEMA)

@@ -9,7 +9,7 @@ import pytest
 
 from decoders.guided.constrained_beam import Progress, bank_sizes
 from playground.engine import prepare
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from visualizers import run_figures, step_figures
 from visualizers.guided import constraint_figure, constraint_run_figure
 
@@ -123,7 +123,7 @@ def test_progress_tracks_phrases():
 @pytest.mark.parametrize("words", [["crown"], ["crown", "Juliet"], ["the king of France"]])
 def test_constrained_beam_output_contains_forced_words(words):
     from decoders.guided.constrained_beam import phrases_of
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     h = load_model("tiny-shakespeare")
     tr = run(h, "constrained_beam", "ROMEO: But soft", 30, force_words=json.dumps(words), num_beams=6)

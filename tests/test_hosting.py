@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from playground import hosting
-from playground.errors import PlaygroundError
-from playground.settings import ALL_SOURCES, check_lanes, limits
+from playground.core.errors import PlaygroundError
+from playground.core.settings import ALL_SOURCES, check_lanes, limits
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTING_VARS = ("PLAYGROUND_MAX_NEW_TOKENS", "PLAYGROUND_MAX_LANES", "PLAYGROUND_MAX_PROMPT_CHARS",
@@ -69,7 +69,7 @@ def test_max_lanes(monkeypatch) -> None:
 
 
 def test_model_sources(monkeypatch, model_dir: Path) -> None:
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     monkeypatch.setenv("PLAYGROUND_MODEL_SOURCES", "bundled,cache")
     with pytest.raises(PlaygroundError, match=r"^loading path models is disabled on this instance \(allowed: bundled, cache\)$"):
@@ -85,7 +85,7 @@ def test_model_sources(monkeypatch, model_dir: Path) -> None:
 
 
 def test_remote_code(monkeypatch, model_dir: Path) -> None:
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     monkeypatch.setenv("PLAYGROUND_ALLOW_REMOTE_CODE", "0")
     with pytest.raises(PlaygroundError, match="^remote code is disabled on this instance$"):
@@ -111,7 +111,7 @@ def test_remote_code_opt_in_is_offered_only_where_the_host_allows_it(monkeypatch
 
 def test_no_models(monkeypatch, model_dir: Path) -> None:
     from playground.engine import prepare
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
     with pytest.raises(PlaygroundError, match=r"^model loading is disabled on this instance \(replay only\)$"):
@@ -121,7 +121,7 @@ def test_no_models(monkeypatch, model_dir: Path) -> None:
 
 
 def test_space_defaults_are_safe(monkeypatch, model_dir: Path) -> None:
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     assert limits().model_sources == ALL_SOURCES and limits().allow_remote_code and limits().list_sessions
     monkeypatch.setenv("SPACE_ID", "someone/decoder-playground")

@@ -58,7 +58,7 @@ def test_take_wave_merges_without_a_pop():
 
 @pytest.fixture(scope="module")
 def shakespeare():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu")
 

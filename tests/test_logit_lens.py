@@ -14,9 +14,9 @@ import visualizers as V
 from decoders.ar import lens_evidence
 from decoders.base import get_decoder
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import load_model
-from playground.trace import validate_trace_dict
+from playground.core.errors import PlaygroundError
+from playground.core.models import load_model
+from playground.core.trace import validate_trace_dict
 from visualizers.lens import lens_figure, lens_run_figure
 
 PROMPT = "ROMEO: But soft, what light"

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from playground import models
-from playground.models import cache as model_cache
-from playground.models import loading
-from playground.errors import Cancelled, PlaygroundError
+from playground.core import models
+from playground.core.models import cache as model_cache
+from playground.core.models import loading
+from playground.core.errors import Cancelled, PlaygroundError
 
 ROOT = Path(__file__).resolve().parent.parent
 SIX = [name for name in models.BUNDLED for _ in range(2)]
@@ -83,8 +83,8 @@ def test_six_threads_in_a_cold_interpreter():
         import json, sys, threading
         import torch
         torch.set_num_threads(1)
-        from playground import models
-        assert "transformers" not in sys.modules, "playground.models imported transformers eagerly"
+        from playground.core import models
+        assert "transformers" not in sys.modules, "playground.core.models imported transformers eagerly"
         specs = [n for n in models.BUNDLED for _ in range(2)]
         barrier = threading.Barrier(len(specs))
         out = [None] * len(specs)
@@ -232,8 +232,8 @@ def test_unreachable_hub_id_fails_instead_of_hanging(tmp_path, offline):
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{hub.port}",
            "HF_HUB_OFFLINE": "1" if offline else "0", "TRANSFORMERS_OFFLINE": "1" if offline else "0"}
     script = """
-        from playground.errors import PlaygroundError
-        from playground.models import load_model
+        from playground.core.errors import PlaygroundError
+        from playground.core.models import load_model
         try:
             load_model("someorg/some-model")
         except PlaygroundError as e:

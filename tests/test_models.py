@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from playground.errors import PlaygroundError
-from playground.models import (IncrementalDetokenizer, detect_kind, handle_from_model, load_model, resolve,
+from playground.core.errors import PlaygroundError
+from playground.core.models import (IncrementalDetokenizer, detect_kind, handle_from_model, load_model, resolve,
                                token_pieces)
 
 
@@ -85,7 +85,7 @@ def test_hf_cache_entry_is_found_offline(tmp_path, tokenizer, monkeypatch):
     assert resolve("someorg/tiny-llama") == ("cache", "someorg/tiny-llama")
     h = load_model("someorg/tiny-llama")
     assert h.kind == "causal" and h.source == "cache"
-    from playground.models import list_cached_models
+    from playground.core.models import list_cached_models
 
     assert "someorg/tiny-llama" in list_cached_models()
 
@@ -182,7 +182,7 @@ def remote_code_dir(tmp_path_factory, tokenizer):
 
 
 def test_a_model_with_its_own_code_loads_only_when_opted_in(remote_code_dir, monkeypatch):
-    from playground.models import LLADA_MASK_ID, model_info
+    from playground.core.models import LLADA_MASK_ID, model_info
 
     for call in (lambda: load_model(remote_code_dir), lambda: model_info(remote_code_dir)):
         with pytest.raises(PlaygroundError, match=r"needs its own code: opt in to remote code") as err:
@@ -208,7 +208,7 @@ def test_model_info_says_whether_chat_and_remote_code_apply(tmp_path, tokenizer)
 
     from conftest import build_llama
 
-    from playground.models import model_info
+    from playground.core.models import model_info
 
     plain, chat = tmp_path / "plain", tmp_path / "chat"
     t2 = copy.deepcopy(tokenizer)
@@ -223,7 +223,7 @@ def test_model_info_says_whether_chat_and_remote_code_apply(tmp_path, tokenizer)
 def test_hub_id_with_remote_code_fails_fast_offline(monkeypatch):
     import huggingface_hub.constants as c
 
-    from playground.models import model_info
+    from playground.core.models import model_info
 
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     for call in (lambda: load_model("GSAI-ML/LLaDA-8B-Instruct", trust_remote_code=True),
@@ -247,19 +247,19 @@ def test_end_of_turn_ids_from_the_generation_config(llama_handle, tokenizer):
 
 
 def test_every_name_the_project_imports_from_playground_models_exists():
-    # The package re-exports what playground/models.py used to hold; scan the project so a
+    # The package re-exports what playground/core/models.py used to hold; scan the project so a
     # name someone imports (lazily, in a test, in a bench) cannot go missing unnoticed.
     import ast
     from pathlib import Path
 
-    import playground.models as models
+    import playground.core.models as models
 
     root = Path(__file__).resolve().parent.parent
     wanted: set[str] = set()
     for folder in ("playground", "decoders", "visualizers", "tests"):
         for f in (root / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.ImportFrom) and node.module == "playground.models" and not node.level:
+                if isinstance(node, ast.ImportFrom) and node.module == "playground.core.models" and not node.level:
                     wanted.update(a.name for a in node.names)
     assert {"load_model", "handle_from_model", "BUNDLED_DIR", "crop_cache"} <= wanted
     assert sorted(n for n in wanted if not hasattr(models, n)) == []

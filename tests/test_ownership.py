@@ -14,7 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ownership import owner_id
 from playground.store import Store, parse_export
 from playground.ui.request_guard import RequestGuard
@@ -198,7 +198,7 @@ def test_a_prompt_over_the_limit_is_refused_before_any_model_loads(monkeypatch):
 
 
 def test_a_refused_path_model_never_says_whether_a_directory_holds_a_model(tmp_path, monkeypatch):
-    from playground.models.sources import allowed
+    from playground.core.models.sources import allowed
 
     monkeypatch.setenv("PLAYGROUND_MODEL_SOURCES", "bundled")
     (tmp_path / "real").mkdir()

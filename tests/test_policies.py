@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from playground import policies
-from playground.models.handle import ModelView
+from playground.core.models.handle import ModelView
 from playground.runner import Runner
 
 

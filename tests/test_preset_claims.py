@@ -43,7 +43,7 @@ def speakers(text: str) -> set[str]:
 
 
 def param_ratio(big: str, small: str) -> float:
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     n = [sum(p.numel() for p in load_model(m, device="cpu").model.parameters()) for m in (big, small)]
     return n[0] / n[1]

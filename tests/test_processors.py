@@ -17,7 +17,7 @@ from decoders import processors as P
 from decoders.ar import draw
 from decoders.base import Context, Float, Int, get_decoder
 from playground.engine import prepare
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 
 def hist(ids=(), prompt_len=None, pos=0, u=0.0):

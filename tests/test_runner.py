@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.runner import Lane, Runner, error_trace
-from playground.trace import validate_trace_dict
+from playground.core.trace import validate_trace_dict
 
 
 class FakeCtx:

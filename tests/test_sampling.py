@@ -14,8 +14,8 @@ import torch
 from decoders.processors import build_chain
 from decoders.sampling import chain_picker
 from playground.engine import prepare
-from playground.models import handle_from_model
-from playground.trace import Trace
+from playground.core.models import handle_from_model
+from playground.core.trace import Trace
 
 PROMPTS = ["ROMEO: But soft", "To be, or not to be"]
 

@@ -12,8 +12,8 @@ import torch
 from decoders.base import get_decoder
 from decoders.search import arithmetic_codes, cdf_interval
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
 
 PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo", "To be, or not to be"]
 N = 8  # new tokens per beam test: enough for hypotheses to finish, cheap on two busy cores
@@ -450,7 +450,7 @@ def test_best_first_beam_returns_beams_answer_with_fewer_expansions(llama, k, pr
 @pytest.fixture(scope="module")
 def shakespeare():
     """The bundled tiny-shakespeare model (real text: stops such as a newline really end hypotheses)."""
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare")
 

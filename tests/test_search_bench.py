@@ -42,7 +42,7 @@ def test_every_search_and_collaboration_decoder_is_benched():
 
 @pytest.fixture(scope="module")
 def shakespeare():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare")
 

@@ -14,7 +14,7 @@ import pytest
 
 from playground.cli import main
 from playground.store import Store
-from playground.trace import Step, Trace
+from playground.core.trace import Step, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import playground
 from decoders.guided.smc import ess, normalise, pick, resample
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 MODEL = "tiny-shakespeare"
 PROMPT = "ROMEO:"
@@ -82,7 +82,7 @@ def test_constraint_weights_are_the_allowed_mass():
 
 
 def playground_text(ids):
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model(MODEL, device="cpu").decode(ids)
 

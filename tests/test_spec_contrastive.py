@@ -12,7 +12,7 @@ import torch
 from decoders.contrastive.expert_amateur import cd_scores
 from decoders.speculative.spec_contrastive import contrast_probs
 from playground.engine import prepare
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from test_speculative_dist import chi_square_p
 from visualizers import step_figures
 from visualizers.scd import scd_figure
@@ -23,7 +23,7 @@ PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo, Romeo, wherefore art thou", "To 
 
 @pytest.fixture(scope="module")
 def bundled():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-draft", device="cpu")
 

@@ -18,8 +18,8 @@ from decoders.base import all_decoders, get_decoder
 from decoders.processors import History, build_chain
 from decoders.speculative._verify import (ROOT, Rule, Tree, select_cache, tree_inputs, verify_group)
 from playground.engine import prepare
-from playground.errors import PlaygroundError
-from playground.models import handle_from_model
+from playground.core.errors import PlaygroundError
+from playground.core.models import handle_from_model
 
 # From the registry, so a new lossless speculative decoder is tested without a list entry.
 LOSSLESS = sorted(c.name for c in all_decoders() if c.family == "speculative" and c.lossless)

@@ -23,7 +23,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def models():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-draft", device="cpu")
 

@@ -28,7 +28,7 @@ import torch
 from decoders.base import all_decoders, get_decoder
 from decoders.processors import History, build_chain
 from playground.engine import prepare
-from playground.models import handle_from_model
+from playground.core.models import handle_from_model
 from test_diffusion import SEED_EXACT_DIFFUSION
 from test_speculative import GREEDY_ONLY, LOSSLESS, build_varied_llama
 
@@ -75,14 +75,14 @@ def varied_models(tokenizer):
 
 @pytest.fixture(scope="module")
 def bundled_models():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-draft", device="cpu")
 
 
 @pytest.fixture(scope="module")
 def diffusion_models():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model("tiny-shakespeare", device="cpu"), load_model("tiny-shakespeare-diffusion", device="cpu")
 

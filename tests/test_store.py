@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.store import (EXPORT_FORMAT, MIGRATIONS, Store, default_path, default_store,
                               is_valid_session_id, new_session_id, schema_version)
-from playground.trace import Step, Trace
+from playground.core.trace import Step, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from playground.cli import main
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.store import Store
 from playground.study import (DEFAULT_PROMPTS, agreement, aggregate, distinct, read_prompts, study_sessions,
                               table)

@@ -101,7 +101,7 @@ def test_diffusion_model_loads_offline_and_unmasks(tokenizers):
 
 
 def test_models_load_by_name_through_the_playground():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     for name in ALL:
         handle = load_model(name, device="cpu")

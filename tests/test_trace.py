@@ -7,7 +7,7 @@ import json
 import pytest
 
 from playground.engine import prepare
-from playground.trace import Trace, validate_trace_dict
+from playground.core.trace import Trace, validate_trace_dict
 
 
 def test_round_trip(llama_handle):

@@ -1,4 +1,4 @@
-"""A trace's counts agree with each other (playground.trace.validate_trace_dict): ids are token
+"""A trace's counts agree with each other (playground.core.trace.validate_trace_dict): ids are token
 ids of the trace's own vocabulary, the output is what the steps committed, stats.new_tokens
 and stats.steps count what is there; an import breaking any of these is refused in one line."""
 
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.store import EXPORT_FORMAT, EXPORT_VERSION, Store
-from playground.trace import Step, Trace, validate_trace_dict
+from playground.core.trace import Step, Trace, validate_trace_dict
 
 
 def _trace(n: int = 4) -> dict:

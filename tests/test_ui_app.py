@@ -275,7 +275,7 @@ def test_a_tokenizer_that_produces_script_tokens_is_escaped_on_the_page(page, db
 
     import playground.engine
     from conftest import build_llama, build_tokenizer
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     tok = build_tokenizer()
     tok.add_tokens(["<script>alert(1)</script>", "<img src=x onerror=alert(2)>"])

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ui import model_options as mo
 from playground.ui import state as st
 

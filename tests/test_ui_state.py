@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ui import state as st
 
 

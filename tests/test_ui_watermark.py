@@ -72,7 +72,7 @@ def test_a_lane_prefills_text_prompt_model_and_its_watermark_settings(view):
     status, _tokens, _fig = view.on_detect(model, text, prompt, gamma, seeding, key, width, filled)
     assert _z(status) > 4
     # the tab scores the lane's own tokens: its z is the one the lane's stats show
-    from playground.trace import watermark_figures
+    from playground.core.trace import watermark_figures
 
     assert _z(status) == pytest.approx(watermark_figures(marked["steps"])["z"], abs=0.01)
     # the same text under the default settings is not detected: the settings matter

@@ -177,7 +177,7 @@ def test_acceptance_has_one_definition_everywhere():
     """acceptance = accepted drafted tokens / drafted tokens (every node of a tree counts);
     the per-verification mean accepted length is a separate, named figure; the stats line,
     the plots and the decoders' stats function agree on both."""
-    from playground.trace import speculative_figures
+    from playground.core.trace import speculative_figures
 
     wide = [(k, None, 30 + k, k == 0 or None) for k in range(6)]  # 6 siblings, the first accepted
     tr = trace([draft_step(wide, [0], correction=40, kind="resample"),
@@ -201,7 +201,7 @@ def test_acceptance_has_one_definition_everywhere():
 
 def test_speculative_bench_uses_the_same_definitions():
     from playground.bench.speculative import _agg
-    from playground.trace import speculative_figures
+    from playground.core.trace import speculative_figures
 
     rows = [{"new": 10, "tf": 5, "df": 8, "wall": 1.0, "acc": 6, "drafted": 12, "verifications": 4},
             {"new": 9, "tf": 5, "df": 8, "wall": 1.0, "acc": 2, "drafted": 8, "verifications": 4}]
@@ -488,7 +488,7 @@ def run_real(handle, decoder, n=8, draft=None, **params):
 @pytest.fixture(scope="module")
 def draft_handle(tokenizer):
     from conftest import build_llama
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     return handle_from_model(build_llama(tokenizer, seed=1, layers=1, hidden=32), tokenizer, name="tiny-draft")
 
@@ -498,7 +498,7 @@ def mlm_handle(tokenizer):
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -528,7 +528,7 @@ SPECULATIVE = [("speculative", {"gamma": 3}), ("speculative", {"gamma": 3, "temp
 @pytest.mark.parametrize("decoder,params", SPECULATIVE)
 def test_real_speculative_traces_render(llama_handle, draft_handle, decoder, params):
     import decoders
-    from playground.trace import speculative_figures
+    from playground.core.trace import speculative_figures
 
     draft = draft_handle if decoders.REGISTRY[decoder].needs_draft else None
     tr = run_real(llama_handle, decoder, n=10, draft=draft, **params)
@@ -585,7 +585,7 @@ def test_real_diffusion_traces_render(mlm_handle, decoder, params):
 # ---------------------------------------------------------------------- figures that agree
 def test_diffusion_new_tokens_count_committed_positions_only():
     """A diffusion run's output is its canvas: masked positions are not tokens, live or stopped."""
-    from playground.trace import Step, Trace, TraceRecorder, committed_count
+    from playground.core.trace import Step, Trace, TraceRecorder, committed_count
 
     class View:
         forwards, tokens = 4, 0

@@ -232,7 +232,7 @@ def render_all(tr: dict) -> None:
 
 
 def test_real_dola_trace(real):
-    from playground.trace import validate_trace_dict
+    from playground.core.trace import validate_trace_dict
 
     tr = real["dola"]
     validate_trace_dict(tr)

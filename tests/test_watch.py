@@ -15,9 +15,9 @@ import torch
 import playground
 import visualizers
 from playground.cli import main as cli_main
-from playground.errors import PlaygroundError
-from playground.models import load_model
-from playground.trace import Trace
+from playground.core.errors import PlaygroundError
+from playground.core.models import load_model
+from playground.core.trace import Trace
 from visualizers.watch import watch_figure, watch_rows
 
 MODEL, DRAFT = "tiny-shakespeare", "tiny-shakespeare-draft"

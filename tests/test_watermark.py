@@ -10,7 +10,7 @@ import torch
 
 import playground
 from decoders.guided.watermark import WatermarkScheme, detect
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 MODEL = "tiny-shakespeare"
 PROMPT = "ROMEO:\nBut soft, what light"
@@ -18,7 +18,7 @@ PROMPT = "ROMEO:\nBut soft, what light"
 
 @pytest.fixture(scope="module")
 def handle():
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model(MODEL, device="cpu")
 

@@ -168,7 +168,7 @@ def test_inverse_cdf_lanes_record_no_gumbel_picks(runs):
 
 
 def test_constraint_and_bias_stages_open_the_chain(runs):
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     model = load_model(MODEL)
     banned = set()

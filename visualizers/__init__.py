@@ -19,7 +19,7 @@ import pkgutil
 
 import plotly.graph_objects as go
 
-from playground.trace import STEP_KINDS
+from playground.core.trace import STEP_KINDS
 from visualizers._common import empty_figure, kinds_in, pick_step, steps_of
 from visualizers.beam import beam_tree_figure
 from visualizers.canvas import canvas_html, commits_per_step_figure, position_metrics_figure, unmask_heatmap

@@ -3,10 +3,10 @@
 One scalar acceptance rate cannot tell a uniformly mediocre drafter from one whose later
 positions collapse. ``position_figure`` draws, per draft position (tree depth), the share of
 verifications that drafted that far and accepted a token there
-(:func:`playground.trace.acceptance_by_position`, the figure the trace's stats carry), beside
+(:func:`playground.core.trace.acceptance_by_position`, the figure the trace's stats carry), beside
 the textbook curve α^i of i.i.d. acceptance at the lane's measured per-token rate α, and in the
 title the measured tokens per verification against the textbook expectation
-(1 − α^(γ+1)) / (1 − α) (:func:`playground.trace.expected_tokens_per_verification`).
+(1 − α^(γ+1)) / (1 − α) (:func:`playground.core.trace.expected_tokens_per_verification`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from playground.trace import FIGURE_NAMES, acceptance_by_position, expected_tokens_per_verification
+from playground.core.trace import FIGURE_NAMES, acceptance_by_position, expected_tokens_per_verification
 from visualizers import run_plot
 from visualizers._common import ACCEPTED, INK, base_layout, empty_figure, plot_text, steps_of
 from visualizers.tree import trace_figures

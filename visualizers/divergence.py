@@ -21,7 +21,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from playground.trace import accepted_nodes
+from playground.core.trace import accepted_nodes
 from visualizers._common import LANE_COLOURS, base_layout, empty_figure, ints, num, plot_text, steps_of
 from visualizers.compare import lane_name
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from playground.trace import FIGURE_NAMES, committed_count, step_figures
+from playground.core.trace import FIGURE_NAMES, committed_count, step_figures
 from visualizers._common import html_token, ints, num, steps_of, token_text, visible
 from visualizers.canvas import commit_state, canvas_of, denoise_steps, is_masked, mask_id_of, MASK_GLYPH
 from visualizers.dist import chosen_probs
@@ -293,7 +293,7 @@ def legend_html(metric: str) -> str:
 def stats_figures(trace: dict[str, Any]) -> dict[str, Any]:
     """The figures the stats line shows, as numbers: ``new_tokens``, ``target_forwards``,
     ``draft_forwards``, ``tokens_per_target_forward``, ``wall_s`` and, from the trace's steps by
-    the definitions of :func:`playground.trace.step_figures`, the speculative figures with
+    the definitions of :func:`playground.core.trace.step_figures`, the speculative figures with
     their counts, ``changed_tokens``/``lossy_tokens`` and ``watermark`` (so the line agrees
     with the plots live and for traces stored before a definition changed). A trace without
     steps for a figure falls back to its stored stats."""

@@ -14,9 +14,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from playground.trace import FIGURE_NAMES, speculative_figures
-from playground.trace import accepted_nodes, draft_nodes
-from playground.trace import draft_counts as trace_draft_counts
+from playground.core.trace import FIGURE_NAMES, speculative_figures
+from playground.core.trace import accepted_nodes, draft_nodes
+from playground.core.trace import draft_counts as trace_draft_counts
 from visualizers._common import (
     ACCEPTED, BONUS, CORRECTION, HEIGHT, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt, int_dtick,
     ints, label, num, pick_step, plot_text, steps_of, visible, token_text, wrong_kind,
@@ -50,7 +50,7 @@ def _hashable(x: Any) -> bool:
 
 def tree_nodes(tree: Any) -> list[dict[str, Any]]:
     """The well-formed nodes of a ``tree`` evidence dict (each with a hashable ``id``):
-    :func:`playground.trace.draft_nodes`, the drafted tokens the figures count."""
+    :func:`playground.core.trace.draft_nodes`, the drafted tokens the figures count."""
     return draft_nodes(tree)
 
 
@@ -63,7 +63,7 @@ def accepted_ids(tree: dict[str, Any]) -> list[Any]:
 
 
 def accepted_length(tree: Any) -> int:
-    """How many drafted tokens a step accepted (:func:`playground.trace.accepted_nodes`)."""
+    """How many drafted tokens a step accepted (:func:`playground.core.trace.accepted_nodes`)."""
     return len(accepted_nodes(tree))
 
 
@@ -284,7 +284,7 @@ def _draft_steps(trace: dict[str, Any]) -> list[dict[str, Any]]:
 
 def draft_counts(trace: dict[str, Any]) -> tuple[int, int, int, int] | None:
     """(drafted, accepted, verifications, committed) over the trace's verifications, or None
-    when it has none (:func:`playground.trace.draft_counts`, the decoders' definition)."""
+    when it has none (:func:`playground.core.trace.draft_counts`, the decoders' definition)."""
     return trace_draft_counts(steps_of(trace))
 
 

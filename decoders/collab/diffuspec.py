@@ -11,7 +11,7 @@ from decoders.ar import sample_index
 from decoders.base import Context, Int, PlaygroundError, register
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, sampling_params
 from decoders.speculative.draft_model import fit_logits
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def chunks(n: int, steps: int) -> list[range]:

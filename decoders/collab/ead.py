@@ -11,7 +11,7 @@ from decoders.ar import dist_evidence, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.collab._common import argmax, check_small_model, entropy_nats, share
 from decoders.speculative.draft_model import DraftState, fit_logits
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 @register

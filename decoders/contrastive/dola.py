@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from decoders.ar import greedy_probs, token_loop
 from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
 from decoders.contrastive._common import contrast_evidence, rounded, text_config, with_hidden
-from playground.errors import PlaygroundError
-from playground.trace import Step
+from playground.core.errors import PlaygroundError
+from playground.core.trace import Step
 
 # Chuang et al.'s adaptive plausibility constraint (transformers' ``relative_top``).
 RELATIVE_TOP = 0.1

@@ -10,8 +10,8 @@ import torch
 from decoders.ar import ARState, draw, token_loop
 from decoders.base import Context, Decoder, Float, Params, lens_param, register
 from decoders.contrastive._common import contrast_evidence
-from playground.errors import PlaygroundError
-from playground.trace import Step
+from playground.core.errors import PlaygroundError
+from playground.core.trace import Step
 
 # An amateur probability of exactly 0 would give an infinite score; this floor keeps the
 # score finite (and such a token still wins by any margin a real probability could give).

@@ -10,7 +10,7 @@ import torch
 from decoders.ar import token_loop
 from decoders.base import Context, Decoder, Float, Int, Params, lens_param, register
 from decoders.contrastive._common import contrast_evidence
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 class AntiLM:

@@ -9,8 +9,8 @@ import torch
 from decoders.ar import ARState, greedy_probs, token_loop
 from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
 from decoders.contrastive._common import contrast_evidence
-from playground.errors import PlaygroundError
-from playground.trace import Step
+from playground.core.errors import PlaygroundError
+from playground.core.trace import Step
 
 
 @register

@@ -10,7 +10,7 @@ from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.contrastive._common import rounded
 from decoders._cache import repeat_batch, select_rows
-from playground.trace import Step
+from playground.core.trace import Step
 
 # A log-probability of -inf (a masked token) would make 0·(-inf) = NaN in a KL sum; this
 # floor keeps every term finite, and a token of probability 0 still adds nothing.

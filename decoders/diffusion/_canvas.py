@@ -14,8 +14,8 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from decoders.base import Context
-from playground.errors import PlaygroundError
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
 
 
 @dataclass(frozen=True)

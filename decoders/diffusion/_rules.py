@@ -21,7 +21,7 @@ import torch
 from decoders.base import Context
 from decoders.diffusion._canvas import Layout, finish, gen_logits, make_layout, new_canvas, r5
 from decoders.diffusion._sampler import Proposal, Recipe, denoise_step, propose, top_k_positions
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 class Rule:

@@ -38,8 +38,8 @@ import torch
 from decoders.base import Context
 from decoders.diffusion._canvas import (Layout, finish, gen_logits, make_layout, new_canvas,
                                         per_position, r5, stop_set)
-from playground.errors import PlaygroundError
-from playground.trace import Step
+from playground.core.errors import PlaygroundError
+from playground.core.trace import Step
 
 SCORES = ("prob", "margin", "neg_entropy", "random")
 PLANS = ("even", "dream", "origin", "ascending", "threshold")

@@ -31,7 +31,7 @@ from decoders.base import Context, Float, Int, Params, register
 from decoders.diffusion._canvas import finish, gen_logits, make_layout, new_canvas
 from decoders.diffusion._sampler import Proposal, Recipe, denoise_step, gumbel_tokens, propose, top_k_positions
 from decoders.diffusion.named import DiffusionDecoder, block_length, gen_length
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 @register

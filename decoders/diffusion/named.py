@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from decoders.base import Bool, Choice, Context, Decoder, Float, Int, Params, register
 from decoders.diffusion._sampler import SCHED_SHAPES, SCORES, Recipe, run_recipe
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def gen_length() -> Int:

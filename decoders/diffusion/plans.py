@@ -15,8 +15,8 @@ from decoders.base import Context, Float, Int, Params, Text, register
 from decoders.diffusion._rules import ETE, R2, AdaBlock, LocalLeap, Rule, run_rule
 from decoders.diffusion._sampler import Recipe
 from decoders.diffusion.named import DiffusionDecoder, block_length, cfg_scale, eos_penalty, gen_length, temperature
-from playground.errors import PlaygroundError
-from playground.trace import Step
+from playground.core.errors import PlaygroundError
+from playground.core.trace import Step
 
 
 def threshold(default: float = 0.9, what: str = "commit positions whose confidence exceeds this") -> Float:

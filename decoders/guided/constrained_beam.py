@@ -11,7 +11,7 @@ import torch
 from decoders.base import Context, Decoder, Float, Int, Params, PlaygroundError, Text, register
 from decoders.guided._constraint import _parse_words
 from decoders.search._beam import BatchState, hits_stop
-from playground.trace import Step
+from playground.core.trace import Step
 
 NEG_INF = float("-inf")
 

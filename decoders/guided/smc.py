@@ -25,8 +25,8 @@ from decoders.ar import draw
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
 from decoders.guided._constraint import constraint_params, stage_for
 from decoders.processors import History, build_chain
-from playground.errors import PlaygroundError
-from playground.trace import Step
+from playground.core.errors import PlaygroundError
+from playground.core.trace import Step
 
 REGEX_TIMEOUT_S = 0.5  # a pathological pattern is refused, never a hang
 RESAMPLERS = ("systematic", "multinomial")

@@ -29,8 +29,8 @@ from decoders.base import Choice, Context, Float, Int, lens_param, register
 from decoders.guided._constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
 from decoders.sampling import ChainDecoder, chain_picker, coupling_param
-from playground.errors import PlaygroundError
-from playground.trace import Step, p_value, z_score  # the figures' one definition
+from playground.core.errors import PlaygroundError
+from playground.core.trace import Step, p_value, z_score  # the figures' one definition
 
 DEFAULT_KEY = 15485863  # transformers' default hashing key (the millionth prime)
 TABLE_SIZE = 1_000_003  # transformers' selfhash lookup table
@@ -346,7 +346,7 @@ def detect_ids(model: str, ids: Sequence[int], prompt_ids: Sequence[int] = (), g
                ignore_repeated_ngrams: bool = False, z_threshold: float = 4.0, **load_kwargs: Any) -> dict[str, Any]:
     """Detect the watermark in the token ``ids`` ``model`` wrote after ``prompt_ids`` (a lane's
     ``output_ids`` after its ``prompt_ids``): the figure a ``watermark`` lane's own evidence
-    and stats show (:func:`playground.trace.watermark_figures`), exactly.
+    and stats show (:func:`playground.core.trace.watermark_figures`), exactly.
 
     :func:`detect_text` re-encodes a text, and a sampled output need not be the tokenizer's
     own encoding of its text (it may hold ``The`` + ``ir`` where encoding gives ``Their``), so
@@ -360,7 +360,7 @@ def detect_ids(model: str, ids: Sequence[int], prompt_ids: Sequence[int] = (), g
 def _detect_with(model: str, ids: list[int] | None, prompt_ids: list[int] | None, text: str, prompt: str,
                  gamma: float, key: int, seeding: str, context_width: int, ignore_repeated_ngrams: bool,
                  z_threshold: float, load_kwargs: dict[str, Any]) -> dict[str, Any]:
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     handle = load_model(model, **load_kwargs)
     if getattr(handle, "kind", "causal") != "causal":

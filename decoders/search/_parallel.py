@@ -10,7 +10,7 @@ import torch
 from decoders.base import Context, Float, Int
 from decoders.processors import CHAIN_DEFAULTS, History, build_chain
 from decoders.search._beam import BatchState, hits_stop
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def _filter_knobs() -> dict[str, Any]:

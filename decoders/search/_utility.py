@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 UTILITIES = ("ngram_f1", "chrf", "bleu")
 AGGREGATABLE = ("ngram_f1", "chrf")

@@ -10,7 +10,7 @@ import torch
 from decoders.base import Choice, Context, Decoder, Int, Params, register
 from decoders.search._beam import finish_reason_of
 from decoders.search._parallel import _filter_knobs, _filters_lossy, parallel_samples
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def cdf_interval(probs: torch.Tensor, code: Fraction, order: str) -> tuple[int, Fraction, Fraction]:

@@ -13,7 +13,7 @@ import torch
 from decoders.base import Context, Decoder, Int, Params, register
 from decoders.search._beam import finish_reason_of, hits_stop
 from decoders.search._waves import wave_reader
-from playground.trace import Step
+from playground.core.trace import Step
 
 FRONTIER_SHOWN = 12  # queue entries a step records (the best ones)
 

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 from decoders.base import Context, Decoder, Float, Int, Params, register
 from decoders.search._beam import finish_reason_of
 from decoders.search._parallel import _filter_knobs, iid_chooser, length_normalised, parallel_samples
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 @register

@@ -8,7 +8,7 @@ from decoders.base import Choice, Context, Decoder, Float, Int, Params, Playgrou
 from decoders.search._beam import finish_reason_of
 from decoders.search._parallel import _filter_chain, _filter_knobs, iid_chooser, parallel_samples
 from decoders.search._utility import AGGREGATABLE, UTILITIES, aggregated, ngram_f1, pairwise
-from playground.trace import Step
+from playground.core.trace import Step
 
 SAMPLERS = ("sample", "epsilon")
 

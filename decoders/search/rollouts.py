@@ -12,7 +12,7 @@ from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.search._beam import BatchState, hits_stop
 from decoders.speculative.draft_model import DraftState
-from playground.trace import Step
+from playground.core.trace import Step
 
 PUNCTUATION = set(".,;:!?\n")
 

@@ -42,7 +42,7 @@ from decoders.ar import (checked_probs, constraint_stage, descending_order, dist
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
 from decoders.guided._constraint import constraint_params
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
-from playground.trace import Step, speculative_figures
+from playground.core.trace import Step, speculative_figures
 
 NEG_INF = float("-inf")
 ROOT = -1
@@ -794,7 +794,7 @@ def tree_evidence(v: Verified) -> dict[str, Any]:
 class _Stats:
     """Running acceptance statistics of a run (merged into the trace's stats).
 
-    The figures are :func:`playground.trace.speculative_figures` of the counts, the same
+    The figures are :func:`playground.core.trace.speculative_figures` of the counts, the same
     function the plots and the stats line apply to the trace's draft steps.
     """
 

@@ -11,7 +11,7 @@ from decoders.base import Choice, Context, Float, PlaygroundError, Text, registe
 from decoders.speculative._chain import draft_chain
 from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from decoders.speculative.draft_model import DraftState, check_draft, check_draft_context
-from playground.trace import Step
+from playground.core.trace import Step
 
 MAX_GAMMA = 32
 ALGORITHMS = ("ucb", "exp3")

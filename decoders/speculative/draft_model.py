@@ -13,7 +13,7 @@ from decoders.base import Context, Float, Int, PlaygroundError, register
 from decoders._cache import CacheInfo, check_rollback, crop_layers, masks_by_type, rollback_cache
 from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
                                           draw_without_replacement, rule_params, sampling_params)
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def fit_logits(logits: torch.Tensor, size: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 from decoders.base import Choice, Context, Int, register
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified
 from decoders.speculative.lookup import lookup_continuations
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 @register

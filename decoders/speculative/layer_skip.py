@@ -12,7 +12,7 @@ from decoders.base import Bool, Context, Float, Int, PlaygroundError, register
 from decoders.processors import History
 from decoders._cache import cache_len, crop_layers
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def final_norm(model: Any) -> Any:

@@ -12,7 +12,7 @@ import torch
 
 from decoders.base import Context, Float, Int, register
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def lookup_continuations(seq: Sequence[int], max_n: int, min_n: int, length: int,

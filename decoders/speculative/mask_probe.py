@@ -8,7 +8,7 @@ import torch
 
 from decoders.base import Choice, Context, Int, register
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def probe_token(ctx: Context, kind: str) -> int | None:

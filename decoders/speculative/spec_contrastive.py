@@ -12,7 +12,7 @@ from decoders.contrastive.expert_amateur import cd_scores
 from decoders.speculative._chain import draft_chain
 from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, tree_evidence
 from decoders.speculative.draft_model import DraftState, check_draft, check_draft_context
-from playground.trace import Step
+from playground.core.trace import Step
 
 
 def contrast_probs(expert_logits: torch.Tensor, amateur_logits: torch.Tensor, vocab: int, alpha: float,

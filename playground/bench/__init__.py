@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "benchmarks.md"
 

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHROMIUM = os.environ.get("PLAYGROUND_CHROMIUM", "/usr/bin/chromium")

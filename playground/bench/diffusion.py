@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 DESCRIPTION = "diffusion decoders: steps, tokens/step, time, agreement with 1-token/step, AR perplexity"
 
@@ -170,7 +170,7 @@ def plot(rows: list[dict[str, Any]], front: set[str], out_dir: Path, title: str)
 def run_suite(args: argparse.Namespace) -> str:
     """Measure and return the markdown section."""
     from playground.bench import machine_line
-    from playground.models import BUNDLED_DIR, load_model
+    from playground.core.models import BUNDLED_DIR, load_model
 
     if not (BUNDLED_DIR / "tiny-shakespeare-diffusion" / "config.json").exists():
         raise PlaygroundError("the diffusion suite needs the bundled diffusion model; run `playground train-tiny`")

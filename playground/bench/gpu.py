@@ -73,7 +73,7 @@ def skip_reason(force_cpu: bool) -> str | None:
 def _tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from playground.models import BUNDLED_DIR
+    from playground.core.models import BUNDLED_DIR
 
     return AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-shakespeare")
 
@@ -223,7 +223,7 @@ def run_suite(args: argparse.Namespace) -> str:
     """Run the suite (or skip it with one line); return its markdown section."""
     from transformers.utils import logging as hf_logging
 
-    from playground.models import handle_from_model
+    from playground.core.models import handle_from_model
 
     hf_logging.disable_progress_bar()
     force_cpu = os.environ.get(FORCE_CPU_ENV, "") not in ("", "0")

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 DESCRIPTION = "traced greedy vs transformers generate (median of paired wall-time ratios, with spread)"
 PROMPT = "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
@@ -119,7 +119,7 @@ def table(rows: list[tuple[str, dict[str, Any], float]]) -> list[str]:
 def run_suite(args: argparse.Namespace) -> str:
     """Measure both models and return the markdown section."""
     from playground.bench import machine_line
-    from playground.models import BUNDLED_DIR, handle_from_model, load_model
+    from playground.core.models import BUNDLED_DIR, handle_from_model, load_model
 
     n = 8 if args.quick else 128
     if not args.threads:

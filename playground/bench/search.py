@@ -156,7 +156,7 @@ def collab_rows(target: Any, prompts: list[str], n: int,
 def run_suite(args: argparse.Namespace) -> str:
     """Measure and return the markdown section."""
     from playground.bench import machine_line
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     target = load_model("tiny-shakespeare")
     n = 24 if args.quick else 48

@@ -178,8 +178,8 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def _figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     """acceptance and mean accepted length of our runs, by the definitions the trace stats
-    and the page use (:func:`playground.trace.speculative_figures`); NaN for transformers'."""
-    from playground.trace import speculative_figures
+    and the page use (:func:`playground.core.trace.speculative_figures`); NaN for transformers'."""
+    from playground.core.trace import speculative_figures
 
     if not any("drafted" in r for r in rows):
         return {"acc": float("nan"), "mal": float("nan")}
@@ -194,8 +194,8 @@ def _bar(value: float, top: float, width: int = 36) -> str:
 
 def run_suite(args: argparse.Namespace) -> str:
     """Run the suite; return its markdown section (and write an HTML plot next to it)."""
-    from playground.errors import PlaygroundError
-    from playground.models import BUNDLED_DIR, load_model
+    from playground.core.errors import PlaygroundError
+    from playground.core.models import BUNDLED_DIR, load_model
 
     if not all((BUNDLED_DIR / m / "config.json").exists() for m in ("tiny-shakespeare", "tiny-shakespeare-draft")):
         raise PlaygroundError("the bundled models are missing; run `playground train-tiny` first")

@@ -30,7 +30,7 @@ import statistics
 import time
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 DESCRIPTION = ("Compare page in headless Chromium: showdown Run→Done vs `playground compare`, first token, "
                "updates per second per lane, Stop→idle, shared-session replay")
@@ -257,7 +257,7 @@ def run_suite(args: argparse.Namespace) -> str:
     from playground.bench import machine_line
     from playground.bench._browser import (VIEW, app_and_browser, keep_lanes, load_preset, new_page, set_number,
                                            status_text, wait_idle)
-    from playground.models import BUNDLED_DIR
+    from playground.core.models import BUNDLED_DIR
     from playground.presets import load_preset as read_preset
 
     if not all((BUNDLED_DIR / m / "config.json").exists() for m in ("tiny-shakespeare", "tiny-shakespeare-draft")):

@@ -13,7 +13,7 @@ out), so :func:`hide_ui_events` makes them private and only these stay in ``view
 
 The contract is the Python API's (:mod:`playground.api`, which holds the shared request
 handling); the hosting limits are the engine's and the settings'. A
-:class:`~playground.errors.PlaygroundError` reaches the client as one line (``gr.Error``);
+:class:`~playground.core.errors.PlaygroundError` reaches the client as one line (``gr.Error``);
 the model-running endpoints share the page's model concurrency group and run under
 ``hosting.gpu`` like the page's Run.
 
@@ -29,8 +29,8 @@ import gradio as gr
 
 from playground import api
 from playground import inputs
-from playground.errors import PlaygroundError
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
 from playground.hosting import gpu, model_event_settings
 
 log = logging.getLogger(__name__)

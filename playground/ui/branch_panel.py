@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ownership import one_user, owner_id
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, one_line, status_html
@@ -91,7 +91,7 @@ def where_html(t: Target, traces: list[dict[str, Any]] | None) -> str:
 
 def check_can_run() -> None:
     """Refuse on a replay-only instance: a branch runs the model."""
-    from playground.settings import limits
+    from playground.core.settings import limits
 
     if limits().no_models:
         raise PlaygroundError("branching runs the model, and model loading is disabled on this instance "

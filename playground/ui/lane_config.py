@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ui import model_options as mo
 from playground.ui import state as st
 from playground.ui.html import empty_output, error_html, human, md_text, stats_html, status_html
@@ -184,7 +184,7 @@ class LaneConfigHandlers(PageLayout):
         """Load (or find in the cache) the picked model, showing what it is, whether it has a
         chat template and the new-token budget its context leaves after the prompt. A model
         that needs its own code is not loaded until the remote-code opt-in is ticked."""
-        from playground.settings import limits
+        from playground.core.settings import limits
 
         spec = (path or "").strip() or (model or "").strip()
         if not spec:
@@ -215,7 +215,7 @@ class LaneConfigHandlers(PageLayout):
         b = st.page_budget(spec, prompt or "")
         if b is None:
             return {self.max_new: gr.update(info=None)}
-        from playground.settings import limits
+        from playground.core.settings import limits
 
         lim = limits().max_new_tokens
         note = st.budget_note(b["model"], b["context"], b["prompt_tokens"], lim)
@@ -360,14 +360,14 @@ _WIDGETS: dict[str, Callable[..., Any]] = {
 
 
 def _load(spec: str, trust_remote_code: bool = False) -> Any:
-    from playground.models import load_model
+    from playground.core.models import load_model
 
     return load_model(spec, trust_remote_code=trust_remote_code)
 
 
 def _models_present(page: dict[str, Any]) -> bool:
     """Whether the bundled models a page names are installed (other specs are assumed loadable)."""
-    from playground.models import BUNDLED, BUNDLED_DIR
+    from playground.core.models import BUNDLED, BUNDLED_DIR
 
     names = {page["model"]} | {c.model for c in page["lanes"] if c.model} | {c.draft for c in page["lanes"] if c.draft}
     return all((BUNDLED_DIR / n / "config.json").exists() for n in names if n in BUNDLED)

@@ -84,7 +84,7 @@ class PageLayout:
 
     def build(self) -> None:
         """Create the components (call inside ``with gr.Blocks()`` / a tab)."""
-        from playground.settings import limits
+        from playground.core.settings import limits
 
         lim = limits()
         self.lanes = []
@@ -290,7 +290,7 @@ def compare_plot_id(fn: Any, j: int) -> str:
 
 def model_choices() -> list[Any]:
     """The model dropdown's choices: bundled models that are installed, then cached ones."""
-    from playground.models import list_models
+    from playground.core.models import list_models
 
     out: list[Any] = []
     for m in list_models():

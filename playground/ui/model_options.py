@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 CHAT_BASE = "Send the prompt as a user turn through each lane model's chat template (instruct models)."
 CHAT_INFO = f"{CHAT_BASE} A model without one stops its lane with one line."
@@ -65,8 +65,8 @@ def needs_remote_code(spec: str | None) -> bool | None:
     A config with an ``auto_map`` needs its code only when transformers has no class of its
     own for the model type; LLaDA and Dream always do.
     """
-    from playground.models.kinds import REMOTE_CODE_TYPES
-    from playground.models.sources import local_dir, resolve
+    from playground.core.models.kinds import REMOTE_CODE_TYPES
+    from playground.core.models.sources import local_dir, resolve
 
     if not spec or not str(spec).strip():
         return None
@@ -108,7 +108,7 @@ def check_remote_code(specs: list[str | None], trusted: bool) -> None:
 
 def chat_template_note(handle: Any) -> str:
     """The chat checkbox's help line once the page's model is loaded: whether it has a template."""
-    from playground.models.chat import has_chat_template
+    from playground.core.models.chat import has_chat_template
 
     name = getattr(handle, "name", "the model")
     tokenizer = getattr(handle, "tokenizer", None)

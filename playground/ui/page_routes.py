@@ -154,7 +154,7 @@ def export_route(links: ExportLinks) -> Callable[[Any], Awaitable[Any]]:
     store as a JSON attachment (nothing is written to disk); 404 for any other token."""
     from starlette.responses import Response
 
-    from playground.errors import PlaygroundError
+    from playground.core.errors import PlaygroundError
     from playground.store import default_store
 
     async def export(request: Any) -> Any:

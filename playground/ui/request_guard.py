@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
-from playground.settings import limits
+from playground.core.settings import limits
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

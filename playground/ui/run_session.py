@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import visualizers
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ownership import owner_id
 from playground.ui import state as st
 from playground.ui.events import nothing_is_skip
@@ -619,7 +619,7 @@ compare_stream = _gpu_wrapped()
 
 
 def _check_models_allowed() -> None:
-    from playground.settings import limits
+    from playground.core.settings import limits
 
     if limits().no_models:
         raise PlaygroundError("model loading is disabled on this instance (replay only): open a shared session instead")

@@ -32,7 +32,7 @@ from typing import Any
 import gradio as gr
 
 import visualizers
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ownership import NOBODY, change_filter, may_read_in_tab, one_user, owner_id
 from playground.ui import state as st
 from playground.ui.compare import ComparePage, private_events

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 MAX_LANES = 6
 MIN_LANES = 2
@@ -486,7 +486,7 @@ def check_page(model: str, prompt: str, seed: Any, max_new_tokens: Any, lanes: l
     Without one, the budget of the page's model if it has been loaded (:func:`page_budget`). Lanes are
     checked separately with :func:`check_lanes`.
     """
-    from playground.settings import limits
+    from playground.core.settings import limits
 
     lim = limits()
     if not (model or "").strip():

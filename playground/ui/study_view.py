@@ -19,7 +19,7 @@ from typing import Any
 
 import gradio as gr
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 from playground.ui.compare import ComparePage, private_events
 from playground.ui.html import status_html
 

@@ -14,8 +14,8 @@ from typing import Any
 import gradio as gr
 
 from playground import inputs
-from playground.errors import PlaygroundError
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
 from playground.ui.compare import ComparePage, private_events
 from playground.ui.html import status_html
 

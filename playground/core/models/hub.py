@@ -9,9 +9,9 @@ from concurrent import futures
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from playground.errors import PlaygroundError
-from playground.models._imports import _import, _import_lock
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.models._imports import _import, _import_lock
+from playground.core.settings import limits
 
 
 def check_hub(spec: str) -> None:

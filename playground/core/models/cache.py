@@ -14,11 +14,11 @@ from concurrent import futures
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
 
-from playground.errors import Cancelled, PlaygroundError
-from playground.settings import limits
+from playground.core.errors import Cancelled, PlaygroundError
+from playground.core.settings import limits
 
 if TYPE_CHECKING:
-    from playground.models.handle import ModelHandle
+    from playground.core.models.handle import ModelHandle
 
 _cache: "OrderedDict[tuple, ModelHandle]" = OrderedDict()
 _inflight: dict[tuple, Future] = {}

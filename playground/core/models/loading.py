@@ -3,8 +3,8 @@
 :func:`load_model` resolves a spec, checks it against this instance's limits, reads the
 config (no weights) and loads tokenizer and weights with the right Auto class for its kind,
 placed by device/dtype, ``device_map="auto"`` or bitsandbytes 4/8-bit. Loads of the same
-model share one future (:mod:`playground.models.cache`); all weight loading is serialised by
-``_weights_lock`` (see :mod:`playground.models._imports` for why).
+model share one future (:mod:`playground.core.models.cache`); all weight loading is serialised by
+``_weights_lock`` (see :mod:`playground.core.models._imports` for why).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from playground.errors import PlaygroundError
-from playground.models import cache
-from playground.models._imports import _import, _import_lock, _weights_lock
-from playground.models.handle import ModelHandle
-from playground.models.hub import check_hub, first_line
-from playground.models.kinds import KINDS, REMOTE_CODE_TYPES, detect_kind, diffusion_meta
-from playground.models.sources import REMOTE_CODE_OFF, allowed
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.models import cache
+from playground.core.models._imports import _import, _import_lock, _weights_lock
+from playground.core.models.handle import ModelHandle
+from playground.core.models.hub import check_hub, first_line
+from playground.core.models.kinds import KINDS, REMOTE_CODE_TYPES, detect_kind, diffusion_meta
+from playground.core.models.sources import REMOTE_CODE_OFF, allowed
+from playground.core.settings import limits
 
 
 def load_model(spec: str, kind: str | None = None, device: str = "auto", dtype: str = "auto",

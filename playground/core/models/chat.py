@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 SYSTEM_NEEDS_CHAT = "a system prompt needs chat mode (the model's chat template); turn chat on"
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from playground.errors import PlaygroundError
-from playground.models._imports import _import
-from playground.settings import limits
+from playground.core.errors import PlaygroundError
+from playground.core.models._imports import _import
+from playground.core.settings import limits
 
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[3] / "assets"
 BUNDLED_DIR = ASSETS / "models"
 BUNDLED = ("tiny-shakespeare", "tiny-shakespeare-draft", "tiny-shakespeare-diffusion")
 REMOTE_CODE_OFF = "remote code is disabled on this instance"

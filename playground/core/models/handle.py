@@ -16,9 +16,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from playground.errors import PlaygroundError
-from playground.models.chat import SYSTEM_NEEDS_CHAT, chat_ids, has_chat_template
-from playground.models.kinds import KINDS, detect_kind
+from playground.core.errors import PlaygroundError
+from playground.core.models.chat import SYSTEM_NEEDS_CHAT, chat_ids, has_chat_template
+from playground.core.models.kinds import KINDS, detect_kind
 
 
 @dataclass

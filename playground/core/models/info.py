@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from playground.models import cache
-from playground.models.handle import context_length
-from playground.models.kinds import REMOTE_CODE_TYPES, detect_kind
-from playground.models.loading import read_config
-from playground.models.sources import allowed, local_dir
+from playground.core.models import cache
+from playground.core.models.handle import context_length
+from playground.core.models.kinds import REMOTE_CODE_TYPES, detect_kind
+from playground.core.models.loading import read_config
+from playground.core.models.sources import allowed, local_dir
 
 
 def model_info(spec: str, trust_remote_code: bool = False) -> dict[str, Any]:

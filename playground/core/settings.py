@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from playground.errors import PlaygroundError
+from playground.core.errors import PlaygroundError
 
 ALL_SOURCES = ("bundled", "cache", "path", "hub")
 
