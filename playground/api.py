@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from playground import inputs
+import playground.inputs as inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 

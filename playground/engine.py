@@ -12,13 +12,14 @@ import threading
 from typing import Any
 
 from decoders.base import Context, Decoder, get_decoder
-from playground import inputs
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.models import ModelHandle, load_model, token_pieces
 from playground.core.models.chat import check_chat
 from playground.core.settings import limits
 from playground.core.trace import (Step, Trace, TraceRecorder, acceptance_by_position, committed_count,
                               token_id_keys)
+import playground.force as forcing
+import playground.inputs as inputs
 from playground.watch import resolve_watch
 
 
@@ -237,8 +238,6 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ``force``: ``[[position, token_id], ...]`` tokens the run must emit (a branch; see
     ``playground/force.py``). ``watch``: words or token ids whose probability every token step
     records (``playground/watch.py``); the resolved list is the trace's ``watch``."""
-    from playground import force as forcing
-
     _check_request_types(model, decoder, prompt, seed, draft, params, stop, system_prompt)
     check_prompt_text(prompt, system_prompt)
     seed = inputs.seed(seed)

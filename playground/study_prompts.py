@@ -2,7 +2,7 @@
 the held-out (validation) split of the corpus, so ``playground study`` runs out of the box.
 
 The rule, run by :func:`scene_openings` and checked by the tests against the shipped file:
-in each work's held-out tail (``playground.train_tiny.load_corpus``, the last 5 % of every
+in each work's held-out tail (``playground.tiny_data.load_corpus``, the last 5 % of every
 work by ``assets/corpus/split.json``), every scene heading (``SCENE V. Rome. A street...``)
 opens a scene; so does an entrance right after everyone left the stage (``[Exeunt]`` then
 ``[Enter ...]``), and, to fill the set, an entrance right after an exit. A prompt is that opening up to and including the first line of its first
@@ -16,6 +16,8 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+from playground.tiny_data import CORPUS_DIR, load_corpus
 
 PROMPT_FILE = Path(__file__).resolve().parent.parent / "presets" / "prompts" / "shakespeare-24.jsonl"
 COUNT = 24
@@ -41,8 +43,6 @@ def _slug(title: str) -> str:
 
 def scene_openings(count: int = COUNT) -> list[dict[str, Any]]:
     """The prompt set by the rule above: ``{"id", "work", "prompt"}`` records."""
-    from playground.train_tiny import CORPUS_DIR, load_corpus
-
     spec = json.loads((CORPUS_DIR / "split.json").read_text())
     _, val = load_corpus()
     found: list[dict[str, Any]] = []
@@ -56,6 +56,7 @@ def scene_openings(count: int = COUNT) -> list[dict[str, Any]]:
     for j, rec in enumerate(found[:count]):
         out.append({"id": f"{j + 1:02d}-{_slug(rec['work'])}", "work": rec["work"], "prompt": rec["prompt"]})
     return out
+
 
 
 def write_prompt_file(path: Path = PROMPT_FILE) -> Path:

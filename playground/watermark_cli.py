@@ -17,7 +17,7 @@ import argparse
 import json
 
 from decoders.guided.watermark import DEFAULT_KEY, SCHEMES
-from playground import inputs
+import playground.inputs as inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 
