@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from playground.tiny_data import CORPUS_DIR, load_corpus
 
-PROMPT_FILE = Path(__file__).resolve().parent.parent / "presets" / "prompts" / "shakespeare-24.jsonl"
 COUNT = 24
 MAX_CHARS = 320
 _HEADING = re.compile(r"(?mi)^scene [ivxl]+\b.*$")
@@ -58,10 +56,3 @@ def scene_openings(count: int = COUNT) -> list[dict[str, Any]]:
     return out
 
 
-
-def write_prompt_file(path: Path = PROMPT_FILE) -> Path:
-    """Write the prompt set as JSON lines (one record a line)."""
-    recs = scene_openings()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
-    return path

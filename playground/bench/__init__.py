@@ -15,7 +15,6 @@ import pkgutil
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from playground.core.errors import PlaygroundError
 
@@ -63,18 +62,6 @@ def run(args: argparse.Namespace) -> int:
         write_section(Path(args.out), args.suite, body)
         print(f"\nwritten to {args.out}")
     return 0
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def machine_line() -> str:

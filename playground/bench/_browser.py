@@ -157,7 +157,7 @@ def new_page(browser: Any, url: str) -> Any:
 
 
 def open_page(page: Any, url: str) -> None:
-    """Load ``url`` and wait until the page's load event has filled in the status line."""
+    """Load ``url`` and wait until the page's load event has filled in the status line (and so the lanes)."""
     page.goto(url)
     page.wait_for_function("() => { const s = document.querySelector('#status');"
                            " return s && s.innerText.trim().length > 0 && !s.innerText.includes('Pick a preset'); }",
