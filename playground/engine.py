@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from decoders.ar import view_token
 from decoders.base import Context, Decoder, get_decoder
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.models import ModelHandle, load_model, token_pieces
@@ -80,8 +81,6 @@ class Run:
         last one (the page asks for a snapshot a dozen times a second, and a whole walk of
         six lanes' steps cost the decoding worker ~15 ms each time at 64 tokens). Steps are
         appended, never rewritten, while a run streams; the final snapshot walks everything."""
-        from decoders.ar import view_token
-
         steps = d.get("steps") or []
         seen, texts = self._text_steps, self._texts
         if seen > len(steps):
@@ -164,8 +163,6 @@ def _ids_in(d: Any, out: set[int], keys: frozenset[str], key: str = "") -> None:
 
 def token_texts(view: Any, trace_dict: dict[str, Any]) -> dict[str, str]:
     """Display text of every token id in a trace, so a replay needs no tokenizer."""
-    from decoders.ar import view_token
-
     ids: set[int] = set()
     _ids_in(trace_dict, ids, token_id_keys())
     return {str(i): view_token(view, i) for i in sorted(ids) if 0 <= i < 10**8}

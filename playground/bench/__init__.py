@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import platform
 import pkgutil
 import re
 import time
@@ -66,9 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
 def machine_line() -> str:
     """One line naming the machine and library versions, for the top of a section."""
-    import os
-    import platform
-
+    # torch and transformers only here and for --threads: listing and choosing a suite stays light.
     import torch
     import transformers
 
