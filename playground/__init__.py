@@ -12,9 +12,13 @@ from playground.core.errors import PlaygroundError
 
 __version__ = "0.1.0"
 
+# The forwarders import the API inside the call: importing the core (``playground.core``, all that
+# decoders and visualizers import) runs this file, and the API pulls in torch, the engine and every
+# decoder. Only the core is imported here at module level (tests/test_import_graph.py).
+
 
 def generate(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """Run one decoder; see :func:`playground.api.generate` (imported lazily: torch is heavy)."""
+    """Run one decoder; see :func:`playground.api.generate`."""
     from playground.api import generate as _generate
 
     return _generate(*args, **kwargs)

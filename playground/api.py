@@ -13,9 +13,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from playground import inputs
+import playground.hosting as hosting
+import playground.inputs as inputs
+from decoders import all_decoders
 from playground.core.errors import PlaygroundError
-from playground.core.settings import limits
+from playground.core.models.chat import check_chat
+from playground.core.settings import check_lanes, limits
+from playground.engine import prepare
+from playground.presets import load_preset
+from playground.runner import POLICIES
 
 DEFAULT_MODEL = "tiny-shakespeare"
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -38,8 +44,6 @@ def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, se
     tokens' probabilities (see ``playground/watch.py``).
     Bad input raises :class:`playground.PlaygroundError` with a one-line message.
     """
-    from playground.engine import prepare
-
     run = prepare(model=model, decoder=decoder, prompt=prompt, max_new_tokens=max_new_tokens,
                   seed=seed, draft=draft, params=params, stop=stop, chat=chat, force=force,
                   system_prompt=system_prompt, trust_remote_code=trust_remote_code, watch=watch)
@@ -50,16 +54,12 @@ def remote_code_allowed() -> bool:
     """Whether this instance lets a request opt in to a model's own code (``trust_remote_code``):
     the page shows its remote-code control only where this is true (see
     :func:`playground.hosting.remote_code_allowed`)."""
-    from playground.hosting import remote_code_allowed as allowed
-
-    return allowed()
+    return hosting.remote_code_allowed()
 
 
 def list_decoders(family: str | None = None) -> list[dict[str, Any]]:
     """Every registered decoder's spec (name, family, kind, knobs with defaults, ranges and
     help, flags), optionally of one family: what ``playground list-decoders --json`` prints."""
-    from decoders import all_decoders
-
     return [c.spec() for c in all_decoders() if family in (None, c.family)]
 
 
@@ -180,10 +180,6 @@ def plan_compare(preset: str | dict[str, Any] | None = None, lanes: Any = None, 
     Checks the lane count against this instance's limit and the policy name; everything
     else (knobs, models, prompt, token limits) is checked per lane by :func:`prepare_lanes`.
     """
-    from playground.core.models.chat import check_chat
-    from playground.presets import load_preset
-    from playground.runner import POLICIES
-    from playground.core.settings import check_lanes
 
     if preset in (None, "") and lanes in (None, "", []):
         raise PlaygroundError("a comparison needs a preset or lanes")
@@ -226,8 +222,6 @@ def prepare_lanes(plan: ComparePlan, load_kwargs: dict[str, Any] | None = None, 
     """Prepare every lane's :class:`~playground.engine.Run`, refusing the whole comparison
     with ``lane N: <reason>`` at the first lane that cannot run (nothing has run yet).
     ``watch``: the tokens every lane watches (as :func:`generate`)."""
-    from playground.engine import prepare
-
     runs = []
     for j, req in enumerate(plan.requests(), start=1):
         try:

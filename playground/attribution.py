@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from playground.core.errors import PlaygroundError
+from playground.core.models import ModelHandle, load_model
 
 METHODS = ("integrated_gradients", "gradient_x_input")
 BASELINES = ("eos", "zero")
@@ -139,8 +140,6 @@ def attribute(trace: Any, step: int, token: int | None = None, contrast: int | N
     step's (first) committed token; ``contrast`` asks why ``token`` rather than this one. Adds
     ``step``, ``texts`` (each context token's text) to :func:`attribute_ids`' result.
     """
-    from playground.core.models import ModelHandle, load_model
-
     d = trace.to_dict() if hasattr(trace, "to_dict") else trace
     if not isinstance(d, dict):
         raise PlaygroundError("attribute needs a trace")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from playground.core.errors import PlaygroundError
+from playground.engine import prepare
 from playground.force import forced_positions
 
 
@@ -90,8 +91,6 @@ def branch_session(store: Any, sid: str, lane: int, token: int, step: int | None
     ``owner`` is the branching browser's owner id; without ``attach`` (a visitor branching a
     session that is not theirs) the branch keeps where it branched off but is not filed under
     the parent, so nobody can add to another's branch tree."""
-    from playground.engine import prepare
-
     session = store.load_session(sid)
     requests, record = branch_requests(session, lane, token, step=step, position=position, lanes=lanes)
     traces = []

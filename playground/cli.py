@@ -13,6 +13,11 @@ import sys
 from typing import Any, Sequence
 
 from playground.core.errors import PlaygroundError
+from playground.presets import list_presets
+
+# The engine, the API, the decoders and the model package (all of which load torch) are imported
+# inside the functions that use them: the CLI imports only the chosen subcommand's module, and
+# `playground --help`, `list-presets` or `sessions list` start without loading torch.
 
 EXIT_USAGE = 2
 
@@ -186,8 +191,6 @@ def _cmd_list_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_list_presets(args: argparse.Namespace) -> int:
-    from playground.presets import list_presets
-
     presets = list_presets()
     if args.json:
         print(json.dumps(presets, ensure_ascii=False))

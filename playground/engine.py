@@ -11,14 +11,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from decoders.ar import view_token
 from decoders.base import Context, Decoder, get_decoder
-from playground import inputs
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.models import ModelHandle, load_model, token_pieces
 from playground.core.models.chat import check_chat
 from playground.core.settings import limits
 from playground.core.trace import (Step, Trace, TraceRecorder, acceptance_by_position, committed_count,
                               token_id_keys)
+import playground.force as forcing
+import playground.inputs as inputs
 from playground.watch import resolve_watch
 
 
@@ -79,8 +81,6 @@ class Run:
         last one (the page asks for a snapshot a dozen times a second, and a whole walk of
         six lanes' steps cost the decoding worker ~15 ms each time at 64 tokens). Steps are
         appended, never rewritten, while a run streams; the final snapshot walks everything."""
-        from decoders.ar import view_token
-
         steps = d.get("steps") or []
         seen, texts = self._text_steps, self._texts
         if seen > len(steps):
@@ -163,8 +163,6 @@ def _ids_in(d: Any, out: set[int], keys: frozenset[str], key: str = "") -> None:
 
 def token_texts(view: Any, trace_dict: dict[str, Any]) -> dict[str, str]:
     """Display text of every token id in a trace, so a replay needs no tokenizer."""
-    from decoders.ar import view_token
-
     ids: set[int] = set()
     _ids_in(trace_dict, ids, token_id_keys())
     return {str(i): view_token(view, i) for i in sorted(ids) if 0 <= i < 10**8}
@@ -237,8 +235,6 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ``force``: ``[[position, token_id], ...]`` tokens the run must emit (a branch; see
     ``playground/force.py``). ``watch``: words or token ids whose probability every token step
     records (``playground/watch.py``); the resolved list is the trace's ``watch``."""
-    from playground import force as forcing
-
     _check_request_types(model, decoder, prompt, seed, draft, params, stop, system_prompt)
     check_prompt_text(prompt, system_prompt)
     seed = inputs.seed(seed)

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
+from decoders.base import FORCE_MODES, FROM_FAMILY, family_of
 from playground.core.errors import PlaygroundError
 
 # Mass given to the tokens a forced row rules out: finite, so log-softmax and beam scores stay
@@ -50,8 +51,6 @@ def force_mode(decoder_cls: Any) -> str:
     The class's own ``force_mode``/``force_refusal`` attributes decide when it sets them;
     otherwise its family's declaration (:func:`decoders.base.family_of`) does.
     """
-    from decoders.base import FORCE_MODES, FROM_FAMILY, family_of
-
     name = getattr(decoder_cls, "name", "?")
     family = family_of(getattr(decoder_cls, "family", "") or "?")
     mode = getattr(decoder_cls, "force_mode", FROM_FAMILY)

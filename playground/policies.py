@@ -103,7 +103,7 @@ def _clock(handle: Any) -> tuple[Callable[[], float], Callable[[], None]]:
     accelerator has finished its queued work."""
     device = str(getattr(handle, "device", "cpu"))
     if device.startswith("cuda"):
-        import torch
+        import torch  # only for a CUDA handle: the runner imports this module without torch
 
         return time.perf_counter, torch.cuda.synchronize
     if device == "cpu" or device.startswith("cpu"):

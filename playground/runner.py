@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from playground import policies
+import playground.policies as policies
 from playground.core.errors import PlaygroundError
 from playground.core.trace import SCHEMA
 

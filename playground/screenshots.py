@@ -17,7 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import visualizers
+from playground.bench._browser import app_and_browser, load_preset, new_page, set_number, wait_idle, wait_running
 from playground.core.errors import PlaygroundError
+from playground.core.models import BUNDLED_DIR
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 THREE_LANES = "Greedy vs beam search vs sampling"
@@ -76,8 +79,6 @@ def _jump_to_token(page: Any, lane: int, nth: int) -> None:
 
 
 def _compare_shots(page: Any, want: set[str], out: Path, written: list[str]) -> None:
-    from playground.bench._browser import load_preset, set_number, wait_idle, wait_running
-
     load_preset(page, THREE_LANES)
     if "compare-running" in want:
         set_number(page, "max-new-tokens", 200)
@@ -106,8 +107,6 @@ def _compare_shots(page: Any, want: set[str], out: Path, written: list[str]) -> 
 
 
 def _showdown_shot(page: Any, out: Path, written: list[str]) -> None:
-    from playground.bench._browser import load_preset, wait_idle
-
     load_preset(page, SHOWDOWN)
     page.click("#run")
     wait_idle(page)
@@ -117,8 +116,6 @@ def _showdown_shot(page: Any, out: Path, written: list[str]) -> None:
 
 def _column_shots(page: Any, want: set[str], out: Path, written: list[str]) -> None:
     """Run each wanted column's preset once and save the inspector column of its lane."""
-    from playground.bench._browser import load_preset, wait_idle
-
     by_preset: dict[str, list[str]] = {}
     for name, (preset, _lane, _nth) in COLUMNS.items():
         if name in want:
@@ -136,12 +133,9 @@ def _column_shots(page: Any, want: set[str], out: Path, written: list[str]) -> N
 
 def _divergence_shot(page: Any, out: Path, written: list[str]) -> None:
     """Race lanes that share their random numbers and save the comparison strip."""
-    from playground.bench._browser import load_preset, wait_idle
-
     load_preset(page, DIVERGENCE)
     page.click("#run")
     wait_idle(page)
-    import visualizers
 
     # the progress plot and every figure over all lanes the strip holds
     plots = 1 + len(getattr(visualizers, "COMPARE_PLOTS", []))
@@ -165,9 +159,6 @@ def _sessions_shot(page: Any, out: Path, written: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the app and Chromium, take the screenshots, print the files written."""
-    from playground.bench._browser import app_and_browser, load_preset, new_page, set_number, wait_idle
-    from playground.core.models import BUNDLED_DIR
-
     want = set(args.only or NAMES)
     models = ("tiny-shakespeare", "tiny-shakespeare-draft") + (("tiny-shakespeare-diffusion",)
                                                                if "diffusion-canvas" in want else ())

@@ -18,6 +18,10 @@ from typing import Any
 
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
+from playground.store import Store, default_path, is_valid_session_id
+
+# Branching (the engine, torch) and the HTML export (plotly, the visualizers) are imported inside the
+# subcommands that use them, so listing, showing or exporting sessions loads neither.
 
 
 def _add_db(p: argparse.ArgumentParser, top: bool) -> None:
@@ -69,8 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _open(args: argparse.Namespace, create: bool) -> Any:
     """The store, or None when the database does not exist and we must not create it."""
-    from playground.store import Store, default_path
-
     path = args.db or default_path()
     if not create and path != ":memory:" and not os.path.exists(path):
         return None
@@ -78,8 +80,6 @@ def _open(args: argparse.Namespace, create: bool) -> Any:
 
 
 def _missing(sid: str) -> PlaygroundError:
-    from playground.store import is_valid_session_id
-
     return PlaygroundError(f"no session with id {sid}" if is_valid_session_id(sid) else "malformed session id")
 
 

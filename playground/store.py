@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 import sqlite_utils
 
-from playground import inputs
+import playground.inputs as inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.core.trace import validate_trace_dict

@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from playground.core.errors import PlaygroundError
+from playground.store import Store
+
+# torch, accelerate, plotly and the API (the engine, the decoders) are imported inside the functions
+# that run or draw a study: reading and aggregating a stored study (the Study tab) needs none of them.
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "presets" / "prompts" / "shakespeare-24.jsonl"
 DEFAULT_SCORER = "tiny-shakespeare"
@@ -299,8 +303,6 @@ def shard_path(out: str, rank: int, world: int) -> str:
 def merge(out: str, world: int) -> int:
     """Copy every shard's comparisons into ``out`` (prompts already there are skipped); remove
     the shards once all are in. Returns how many comparisons were added."""
-    from playground.store import Store
-
     added = 0
     with Store(out) as main:
         have = {s["settings"]["study"]["key"] for s in study_sessions(main)}
@@ -357,8 +359,6 @@ def _lanes_arg(text: str | None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) the study, then print its aggregate; user errors raise :class:`PlaygroundError`."""
-    from playground.store import Store
-
     if not args.report and args.preset is None and args.lanes is None:
         raise PlaygroundError("study needs --preset NAME or --lanes")
     where = ranks()
@@ -394,7 +394,6 @@ def run(args: argparse.Namespace) -> int:
 def _run_study(args: argparse.Namespace, where: Ranks) -> None:
     from playground.api import plan_compare
     from playground.core.models import load_model
-    from playground.store import Store
 
     prompts = read_prompts(args.prompts)
     if args.limit is not None:

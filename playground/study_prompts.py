@@ -2,7 +2,7 @@
 the held-out (validation) split of the corpus, so ``playground study`` runs out of the box.
 
 The rule, run by :func:`scene_openings` and checked by the tests against the shipped file:
-in each work's held-out tail (``playground.train_tiny.load_corpus``, the last 5 % of every
+in each work's held-out tail (``playground.tiny_data.load_corpus``, the last 5 % of every
 work by ``assets/corpus/split.json``), every scene heading (``SCENE V. Rome. A street...``)
 opens a scene; so does an entrance right after everyone left the stage (``[Exeunt]`` then
 ``[Enter ...]``), and, to fill the set, an entrance right after an exit. A prompt is that opening up to and including the first line of its first
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
-PROMPT_FILE = Path(__file__).resolve().parent.parent / "presets" / "prompts" / "shakespeare-24.jsonl"
+from playground.tiny_data import CORPUS_DIR, load_corpus
+
 COUNT = 24
 MAX_CHARS = 320
 _HEADING = re.compile(r"(?mi)^scene [ivxl]+\b.*$")
@@ -41,8 +41,6 @@ def _slug(title: str) -> str:
 
 def scene_openings(count: int = COUNT) -> list[dict[str, Any]]:
     """The prompt set by the rule above: ``{"id", "work", "prompt"}`` records."""
-    from playground.train_tiny import CORPUS_DIR, load_corpus
-
     spec = json.loads((CORPUS_DIR / "split.json").read_text())
     _, val = load_corpus()
     found: list[dict[str, Any]] = []
@@ -58,9 +56,3 @@ def scene_openings(count: int = COUNT) -> list[dict[str, Any]]:
     return out
 
 
-def write_prompt_file(path: Path = PROMPT_FILE) -> Path:
-    """Write the prompt set as JSON lines (one record a line)."""
-    recs = scene_openings()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
-    return path

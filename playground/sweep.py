@@ -31,8 +31,14 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from decoders import get_decoder
+from playground.api import plan_compare, prepare_lanes
 from playground.core.errors import PlaygroundError
+from playground.core.models import load_model
+from playground.store import Store
 from playground.study import agreement, distinct, read_prompts, score_text, write_html_figures, DEFAULT_PROMPTS
+from visualizers.sweep import sweep_figure
+from visualizers.tree import trace_figures
 
 MAX_KNOBS = 2
 MAX_CELLS = 64
@@ -93,8 +99,6 @@ def build_grid(decoder: str, knobs: list[tuple[str, list[str]]], fixed: dict[str
     cell per combination, first knob slowest: ``{"knobs": [{"name", "values"}], "cells":
     [{"index": [i, j], "knobs": {...}, "params": full knob values}]}``. Refuses in one line a
     bad knob or value, a knob swept twice or also fixed, too many cells or tokens."""
-    from decoders import get_decoder
-
     cls = get_decoder(decoder)
     if not knobs:
         raise PlaygroundError("a sweep needs at least one --knob NAME=V1,V2,...")
@@ -175,8 +179,6 @@ def run_metrics(trace: dict[str, Any], greedy_ids: list[int] | None) -> dict[str
     wall time from its stats, perplexity from its score (exp of NLL per scored token), distinct-2
     and agreement with greedy (:mod:`playground.study`'s definitions), acceptance rate by the
     speculative figures' definition (None for a decoder without drafts)."""
-    from visualizers.tree import trace_figures
-
     stats = trace.get("stats") or {}
     ids = [int(t) for t in trace.get("output_ids") or []]
     score = trace.get("score") or {}
@@ -277,8 +279,6 @@ def table(agg: dict[str, Any], metric: str = "perplexity") -> str:
 
 def write_figures(agg: dict[str, Any], directory: str | os.PathLike[str]) -> list[Path]:
     """Write the sweep figure of every metric as ``DIR/<metric>.html`` (plotly.js once, beside them)."""
-    from visualizers.sweep import sweep_figure
-
     return write_html_figures({key: sweep_figure(agg, key, title) for key, title, _ in METRICS}, directory)
 
 
@@ -311,8 +311,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) the sweep, then print its grid; user errors raise :class:`PlaygroundError`."""
-    from playground.store import Store
-
     if args.report:
         if not os.path.exists(args.out):
             raise PlaygroundError(f"no sweep at {args.out}")
@@ -341,11 +339,6 @@ def _parse_params(items: list[str]) -> dict[str, str]:
 
 
 def _run_sweep(args: argparse.Namespace) -> None:
-    from decoders import get_decoder
-    from playground.api import plan_compare, prepare_lanes
-    from playground.core.models import load_model
-    from playground.store import Store
-
     cls = get_decoder(args.decoder)
     fixed = _parse_params(args.param)
     grid = build_grid(args.decoder, [parse_knob(k) for k in args.knob], fixed, args.repeats, args.max_new_tokens)

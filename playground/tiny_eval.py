@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from playground.tiny_data import NAMES, encode_docs, load_corpus
+
 CARD_WINDOWS = 64    # validation windows used for the card figures
 SMOKE_WINDOWS = 2
 MASK_SEED = 1234
@@ -32,8 +34,6 @@ def load(path, kind: str):
 
 def corpus_ids(tokenizer, smoke: bool = False):
     """(train_ids, val_ids) token streams, exactly as training sees them."""
-    from playground.train_tiny import encode_docs, load_corpus
-
     train_docs, val_docs = load_corpus(smoke=smoke)
     return (torch.from_numpy(encode_docs(tokenizer, train_docs)),
             torch.from_numpy(encode_docs(tokenizer, val_docs)))
@@ -161,7 +161,6 @@ def diffusion_generate(model, tokenizer, prompt: str, n_new: int = SAMPLE_TOKENS
 
 def compute_figures(stage: str, out: Path, val_ids, train_ids, n_windows: int,
                     seq_len: int) -> dict:
-    from playground.train_tiny import NAMES
     from transformers import AutoTokenizer
 
     out = Path(out)
@@ -210,7 +209,6 @@ def _first_token_acc(model, windows, m, p, mask_id) -> float:
 def evaluate(stage: str, out: Path, val_ids, train_ids, facts: dict, n_windows: int,
              sample_tokens: int = SAMPLE_TOKENS) -> dict:
     """Compute figures and samples, write eval.json and README.md into the model directory."""
-    from playground.train_tiny import NAMES
     from transformers import AutoTokenizer
 
     out = Path(out)

@@ -23,7 +23,6 @@ tokenizer files) and a model card + eval.json computed by playground.tiny_eval.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -37,23 +36,18 @@ from pathlib import Path
 # passive waiting costs little on an idle machine. (Takes effect only if torch is not loaded yet.)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-CORPUS_DIR = ROOT / "assets" / "corpus"
+from playground import tiny_eval  # noqa: E402
+from playground.tiny_data import NAMES, encode_docs, load_corpus  # noqa: E402
+
 DEFAULT_OUT = "assets/models"
 DEFAULT_CKPT = "runs/train-tiny"
 
 EOS, MASK, PAD = "<|endoftext|>", "<|mask|>", "<|pad|>"
 SPECIAL_TOKENS = [EOS, MASK, PAD]  # ids 0, 1, 2
 STAGES = ("tokenizer", "target", "draft", "diffusion")
-NAMES = {
-    "target": "tiny-shakespeare",
-    "draft": "tiny-shakespeare-draft",
-    "diffusion": "tiny-shakespeare-diffusion",
-}
 KINDS = {"target": "causal", "draft": "causal", "diffusion": "diffusion"}
 
 # ----------------------------------------------------------------------------------------------
@@ -184,7 +178,6 @@ FINETUNE_HOLDOUT_WINDOWS = 48  # fewer than for the loss: each check costs CPU t
 HOLDOUT_FRACTION = 0.03  # tail of the training stream kept out of training, for early stopping
 HOLDOUT_WINDOWS = 96
 
-SMOKE_CORPUS_CHARS = 40_000  # per split, taken from the first works
 MAX_POSITIONS = 512
 
 
@@ -205,39 +198,7 @@ def recipe(stage: str, smoke: bool, name: str = "cpu") -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# 1. Corpus
-
-
-def load_corpus(corpus_dir: Path = CORPUS_DIR, smoke: bool = False) -> tuple[list[str], list[str]]:
-    """Return (train_docs, val_docs): one string per work, following split.json."""
-    spec = json.loads((corpus_dir / "split.json").read_text())
-    with gzip.open(corpus_dir / spec["corpus"], "rb") as f:
-        text = f.read().decode("utf-8")
-    assert len(text) == spec["corpus_chars"], "corpus does not match split.json"
-    train = [text[w["start"]:w["val_start"]] for w in spec["works"]]
-    val = [text[w["val_start"]:w["end"]] for w in spec["works"]]
-    if smoke:
-        train, val = _head(train, SMOKE_CORPUS_CHARS), _head(val, SMOKE_CORPUS_CHARS // 4)
-    return train, val
-
-
-def _head(docs: list[str], n: int) -> list[str]:
-    out = []
-    for d in docs:
-        if n <= 0:
-            break
-        out.append(d[:n])
-        n -= len(out[-1])
-    return out
-
-
-def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
-    """One token stream: <|endoftext|> work1 <|endoftext|> work2 ..."""
-    ids = []
-    for d in docs:
-        ids.append(tokenizer.eos_token_id)
-        ids.extend(tokenizer(d, add_special_tokens=False)["input_ids"])
-    return np.array(ids, dtype=np.int64)
+# 1. Corpus: read and split by playground.tiny_data (shared with the evaluation).
 
 
 # ----------------------------------------------------------------------------------------------
@@ -458,15 +419,13 @@ def holdout_masked_acc(model, holdout: torch.Tensor, seq_len: int, mask_id: int,
                        top_token: int) -> dict:
     """Masked top-1 accuracy at 15 / 50 / 90 % masking on fixed held-out windows and masks, with
     the unigram baseline (always `top_token`, the most frequent training token) beside each."""
-    from playground.tiny_eval import RATIOS, random_masks
-
     n = min(FINETUNE_HOLDOUT_WINDOWS, len(holdout) // seq_len)
     w = holdout[: n * seq_len].view(n, seq_len).to(next(model.parameters()).device)
     was = model.training
     model.eval()
     out = {}
-    for ratio in RATIOS:
-        m = random_masks(w.shape, ratio, seed=0).to(w.device)
+    for ratio in tiny_eval.RATIOS:
+        m = tiny_eval.random_masks(w.shape, ratio, seed=0).to(w.device)
         pct = int(ratio * 100)
         correct = 0
         for i in range(0, n, 16):
@@ -744,8 +703,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
-
-    from playground import tiny_eval
 
     hf_logging.disable_progress_bar()
 

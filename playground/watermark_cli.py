@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from decoders.guided.watermark import DEFAULT_KEY, SCHEMES
-from playground import inputs
+from decoders.guided.watermark import DEFAULT_KEY, SCHEMES, detect_ids, detect_text
+import playground.inputs as inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
+from playground.core.trace import validate_trace_dict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,9 +64,6 @@ def _read_text(args: argparse.Namespace) -> str:
 
 def _read_trace(args: argparse.Namespace) -> dict:
     """The trace ``--trace`` names (a session export's lane ``--lane``, from 1), validated."""
-    from playground.core.errors import PlaygroundError
-    from playground.core.trace import validate_trace_dict
-
     if args.text is not None or args.text_file:
         raise PlaygroundError("give --trace or a text, not both")
     try:
@@ -97,9 +95,6 @@ def summary(res: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Detect and print; user errors are PlaygroundError (one line, exit 2)."""
-    from decoders.guided.watermark import detect_ids, detect_text
-    from playground.core.errors import PlaygroundError
-
     if not 0.0 < args.gamma < 1.0:
         raise PlaygroundError(f"--gamma={args.gamma:g} must be strictly between 0 and 1")
     if args.context_width < 1:

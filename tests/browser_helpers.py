@@ -14,11 +14,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from playground.bench._browser import (CHROMIUM, CHROMIUM_ARGS, IDLE_JS, App, free_port,  # noqa: F401 - one app launcher
-                                       status_text, wait_running)
+from playground.bench._browser import (CHROMIUM, CHROMIUM_ARGS, IDLE_JS, VIEW, App,  # noqa: F401 - one app launcher
+                                       choose, free_port, load_preset, open_page, status_text, wait_running)
 
 ROOT = Path(__file__).resolve().parent.parent
-VIEW = {"width": 1440, "height": 1100}
 
 
 def launch_browser(pw: Any) -> Any:
@@ -67,26 +66,6 @@ def page(browser: Any, app: App) -> Iterator[Any]:
     open_page(p, app.url)
     yield p
     ctx.close()
-
-
-def open_page(p: Any, url: str) -> None:
-    """Load the page and wait until its load event has filled in the lanes."""
-    p.goto(url)
-    p.wait_for_function("() => { const s = document.querySelector('#status');"
-                        " return s && s.innerText.trim().length > 0 && !s.innerText.includes('Pick a preset'); }",
-                        timeout=120_000)
-
-
-def choose(p: Any, elem_id: str, text: str) -> None:
-    """Pick the option containing ``text`` in the Gradio dropdown ``#elem_id``."""
-    p.click(f"#{elem_id} input")
-    p.locator("[role=option]", has_text=text).first.click()
-
-
-def load_preset(p: Any, title: str) -> None:
-    """Pick a preset and wait until the page says it is loaded."""
-    choose(p, "preset", title)
-    p.wait_for_function("() => document.querySelector('#status').innerText.includes('loaded')")
 
 
 def lane_text(page: Any, k: int) -> str:

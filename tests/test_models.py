@@ -247,7 +247,7 @@ def test_end_of_turn_ids_from_the_generation_config(llama_handle, tokenizer):
 
 
 def test_every_name_the_project_imports_from_playground_models_exists():
-    # The package re-exports what playground/core/models.py used to hold; scan the project so a
+    # The package re-exports the public names of its modules (once a single models.py); scan the project so a
     # name someone imports (lazily, in a test, in a bench) cannot go missing unnoticed.
     import ast
     from pathlib import Path

@@ -182,7 +182,7 @@ def test_study_needs_lanes_and_report_needs_a_study(tmp_path, capsys):
 
 def test_bundled_prompt_set_is_scene_openings_from_the_held_out_split():
     from playground.study_prompts import scene_openings
-    from playground.train_tiny import load_corpus
+    from playground.tiny_data import load_corpus
 
     shipped = [json.loads(line) for line in DEFAULT_PROMPTS.read_text().splitlines()]
     assert len(shipped) == 24 and shipped == scene_openings()

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import platform
 import pkgutil
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from playground.core.errors import PlaygroundError
 
@@ -65,23 +66,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def machine_line() -> str:
     """One line naming the machine and library versions, for the top of a section."""
-    import os
-    import platform
-
+    # torch and transformers only here and for --threads: listing and choosing a suite stays light.
     import torch
     import transformers
 

@@ -15,7 +15,9 @@ import re
 import socket
 import subprocess
 import sys
+import signal
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -122,9 +124,6 @@ def app_and_browser(threads: int = 1, **env: str) -> Iterator[tuple[App, Any]]:
 def _exit_on_sigterm() -> Iterator[None]:
     """Turn SIGTERM (``timeout``, ``kill``) into SystemExit while the app runs, so the cleanup
     above stops the app subprocess instead of leaving it orphaned."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -157,7 +156,7 @@ def new_page(browser: Any, url: str) -> Any:
 
 
 def open_page(page: Any, url: str) -> None:
-    """Load ``url`` and wait until the page's load event has filled in the status line."""
+    """Load ``url`` and wait until the page's load event has filled in the status line (and so the lanes)."""
     page.goto(url)
     page.wait_for_function("() => { const s = document.querySelector('#status');"
                            " return s && s.innerText.trim().length > 0 && !s.innerText.includes('Pick a preset'); }",

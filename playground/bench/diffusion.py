@@ -12,6 +12,7 @@ of the output given the prompt. A steps-vs-perplexity Pareto plot goes to
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -20,7 +21,11 @@ from typing import Any
 
 import torch
 
+from decoders import all_decoders
+from playground.bench import machine_line
 from playground.core.errors import PlaygroundError
+from playground.core.models import BUNDLED_DIR, load_model
+from playground.engine import prepare
 
 DESCRIPTION = "diffusion decoders: steps, tokens/step, time, agreement with 1-token/step, AR perplexity"
 
@@ -65,7 +70,6 @@ def configs(g: int, block: int) -> list[tuple[str, str, dict[str, Any]]]:
                 {**semi, "steps": g // 2, "alg": "entropy"}))
     # every other diffusion decoder in the registry at its defaults, on the same canvas, so a new
     # one gets a row without a list entry
-    from decoders import all_decoders
 
     swept = {dec for _label, dec, _knobs in out}
     for c in all_decoders():
@@ -88,8 +92,6 @@ def ar_perplexity(target: Any, prompt_ids: list[int], out_ids: list[int]) -> flo
 
 def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int) -> list[dict[str, Any]]:
     """Run every configuration on every prompt; one row of averages per configuration."""
-    from playground.engine import prepare
-
     refs: dict[str, Any] = {}
     rows = []
     for label, dec, knobs in configs(g, block):
@@ -169,9 +171,6 @@ def plot(rows: list[dict[str, Any]], front: set[str], out_dir: Path, title: str)
 
 def run_suite(args: argparse.Namespace) -> str:
     """Measure and return the markdown section."""
-    from playground.bench import machine_line
-    from playground.core.models import BUNDLED_DIR, load_model
-
     if not (BUNDLED_DIR / "tiny-shakespeare-diffusion" / "config.json").exists():
         raise PlaygroundError("the diffusion suite needs the bundled diffusion model; run `playground train-tiny`")
     handle = load_model("tiny-shakespeare-diffusion")
@@ -218,8 +217,6 @@ def run_suite(args: argparse.Namespace) -> str:
 
 def model_figures(path: Path) -> dict[str, Any]:
     """The bundled model's own evaluation figures (``eval.json``), if it has them."""
-    import json
-
     try:
         return dict(json.loads((path / "eval.json").read_text(encoding="utf-8")).get("figures", {}))
     except (OSError, ValueError):

@@ -36,6 +36,8 @@ from typing import Any, Callable
 import torch
 
 from playground.bench import machine_line
+from playground.core.models import BUNDLED_DIR, handle_from_model
+from playground.engine import prepare
 
 DESCRIPTION = ("GPU: ~1B Llama bf16 / 8-bit / 4-bit, traced greedy vs generate, speculative with a "
                "~100M draft, diffusion on a ~7B masked model, device_map=auto over GPU+CPU, peak memory")
@@ -72,8 +74,6 @@ def skip_reason(force_cpu: bool) -> str | None:
 
 def _tokenizer() -> Any:
     from transformers import AutoTokenizer
-
-    from playground.core.models import BUNDLED_DIR
 
     return AutoTokenizer.from_pretrained(BUNDLED_DIR / "tiny-shakespeare")
 
@@ -151,8 +151,6 @@ def _free(device: str) -> None:
 def ours(handle: Any, decoder: str, n: int, draft: Any = None, params: dict[str, Any] | None = None
          ) -> dict[str, Any]:
     """One traced run of a playground decoder (fixed length); wall time includes preparation."""
-    from playground.engine import prepare
-
     _sync(str(handle.device.type))
     t0 = time.perf_counter()
     r = prepare(model=handle, decoder=decoder, prompt=PROMPT, max_new_tokens=n, seed=0,
@@ -222,8 +220,6 @@ def _section(name: str, fn: Callable[[], list[str]], lines: list[str], notes: li
 def run_suite(args: argparse.Namespace) -> str:
     """Run the suite (or skip it with one line); return its markdown section."""
     from transformers.utils import logging as hf_logging
-
-    from playground.core.models import handle_from_model
 
     hf_logging.disable_progress_bar()
     force_cpu = os.environ.get(FORCE_CPU_ENV, "") not in ("", "0")

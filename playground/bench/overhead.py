@@ -18,7 +18,10 @@ from typing import Any
 
 import torch
 
+from playground.bench import machine_line
 from playground.core.errors import PlaygroundError
+from playground.core.models import BUNDLED_DIR, handle_from_model, load_model
+from playground.engine import prepare
 
 DESCRIPTION = "traced greedy vs transformers generate (median of paired wall-time ratios, with spread)"
 PROMPT = "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
@@ -58,8 +61,6 @@ def verdict(median: float, low: float, high: float, target: float) -> str:
 
 def compare_once(handle: Any, n_tokens: int, repeats: int) -> dict[str, Any]:
     """Run ``repeats`` pairs ours/theirs (after one warm-up pair); per-pair ratios and medians."""
-    from playground.engine import prepare
-
     prompt_ids = handle.encode(PROMPT)
 
     # Both sides time the same span: tokenising the prompt, setting up, decoding.
@@ -118,9 +119,6 @@ def table(rows: list[tuple[str, dict[str, Any], float]]) -> list[str]:
 
 def run_suite(args: argparse.Namespace) -> str:
     """Measure both models and return the markdown section."""
-    from playground.bench import machine_line
-    from playground.core.models import BUNDLED_DIR, handle_from_model, load_model
-
     n = 8 if args.quick else 128
     if not args.threads:
         torch.set_num_threads(1)  # both sides alike; on a shared machine extra threads mostly spin

@@ -22,7 +22,10 @@ from typing import Any
 
 import torch
 
+from playground.bench import machine_line
 from playground.bench.diffusion import ar_perplexity
+from playground.core.models import load_model
+from playground.engine import run_to_end
 
 DESCRIPTION = "search decoders: perplexity and distinct-n vs target forwards; EAD/cascades: small-model share vs agreement"
 
@@ -101,8 +104,6 @@ def search_rows(target: Any, prompts: list[str], n: int,
     """(label, perplexity, distinct-2, same as beam, target forwards, wall s) per configuration,
     averaged over ``prompts``; *same as beam* = positions equal to :data:`REFERENCE`'s output
     under the same stop."""
-    from playground.engine import run_to_end
-
     view = target.view()
     ref: dict[tuple[str, str | None], list[int]] = {}
     rows = []
@@ -130,8 +131,6 @@ def collab_rows(target: Any, prompts: list[str], n: int,
                 configs: list[tuple[str, str, str, dict[str, Any]]]) -> list[tuple[Any, ...]]:
     """(label, small share, same as large greedy, large would choose, target forwards, wall s) per
     collaboration configuration, averaged over ``prompts``."""
-    from playground.engine import run_to_end
-
     view = target.view()
     greedy_of = {p: run_to_end(model=target, decoder="greedy", prompt=p, max_new_tokens=n).output_ids for p in prompts}
     rows = []
@@ -155,9 +154,6 @@ def collab_rows(target: Any, prompts: list[str], n: int,
 
 def run_suite(args: argparse.Namespace) -> str:
     """Measure and return the markdown section."""
-    from playground.bench import machine_line
-    from playground.core.models import load_model
-
     target = load_model("tiny-shakespeare")
     n = 24 if args.quick else 48
     prompts = PROMPTS[:2] if args.quick else PROMPTS

@@ -19,7 +19,13 @@ from typing import Any, Callable
 
 import torch
 
+from decoders import all_decoders
+from decoders.base import get_decoder
 from playground.bench import machine_line
+from playground.core.errors import PlaygroundError
+from playground.core.models import BUNDLED_DIR, load_model
+from playground.core.trace import speculative_figures
+from playground.engine import prepare
 
 DESCRIPTION = ("Speculative family: tokens per target forward, acceptance, draft forwards, wall time, "
                "speedup vs greedy; transformers' assisted generation and prompt lookup on the same prompts")
@@ -53,8 +59,6 @@ def configs() -> list[tuple[str, str, dict[str, Any], tuple[float, ...]]]:
     """(label, decoder, knobs, temperatures) of every row: each decoder of the speculative family
     in the registry at its defaults, then its :data:`VARIANTS`; at T=1 too where it samples (it has
     a ``temperature`` knob). A new speculative decoder gets its row without a list entry."""
-    from decoders import all_decoders
-
     out: list[tuple[str, str, dict[str, Any], tuple[float, ...]]] = []
     for c in all_decoders():
         if c.family != "speculative" or c.kind != "causal" or getattr(c, "draft_kind", "causal") != "causal":
@@ -120,9 +124,6 @@ def _count(model: torch.nn.Module) -> tuple[dict[str, int], Callable[[], None]]:
 
 def _ours(target: Any, draft: Any, decoder: str, prompt: str, n: int, temp: float, knobs: dict[str, Any],
           seed: int) -> dict[str, Any]:
-    from decoders.base import get_decoder
-    from playground.engine import prepare
-
     cls = get_decoder(decoder)
     params = dict(knobs)
     if "temperature" in cls.params:
@@ -179,8 +180,6 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, float]:
 def _figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     """acceptance and mean accepted length of our runs, by the definitions the trace stats
     and the page use (:func:`playground.core.trace.speculative_figures`); NaN for transformers'."""
-    from playground.core.trace import speculative_figures
-
     if not any("drafted" in r for r in rows):
         return {"acc": float("nan"), "mal": float("nan")}
     f = speculative_figures(sum(r["drafted"] for r in rows), sum(r["acc"] for r in rows),
@@ -194,9 +193,6 @@ def _bar(value: float, top: float, width: int = 36) -> str:
 
 def run_suite(args: argparse.Namespace) -> str:
     """Run the suite; return its markdown section (and write an HTML plot next to it)."""
-    from playground.core.errors import PlaygroundError
-    from playground.core.models import BUNDLED_DIR, load_model
-
     if not all((BUNDLED_DIR / m / "config.json").exists() for m in ("tiny-shakespeare", "tiny-shakespeare-draft")):
         raise PlaygroundError("the bundled models are missing; run `playground train-tiny` first")
     if not args.threads:

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from playground.core.models import cache
+import playground.core.models.cache as cache
 from playground.core.models.handle import context_length
 from playground.core.models.kinds import REMOTE_CODE_TYPES, detect_kind
 from playground.core.models.loading import read_config

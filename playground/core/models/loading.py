@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from playground.core.errors import PlaygroundError
-from playground.core.models import cache
+import playground.core.models.cache as cache
 from playground.core.models._imports import _import, _import_lock, _weights_lock
 from playground.core.models.handle import ModelHandle
 from playground.core.models.hub import check_hub, first_line
