@@ -116,3 +116,22 @@ def test_it_is_gone_after_cleanup(greedy_trace, tmp_path, monkeypatch):
     assert _titles(V.run_figures(greedy_trace)) == ["Entropy and probability"]
     assert ({k: list(v) for k, v in V.STEP_PLOTS.items()}, {k: list(v) for k, v in V.RUN_PLOTS.items()}) == before
     assert MODULE not in sys.modules
+
+
+@pytest.mark.parametrize("kinds, want", [
+    (["draft", "denoise"], "unmask_step"), (["denoise", "draft"], "unmask_step"), (["jacobi", "denoise"], "unmask_step"),
+    (["draft", "jacobi"], "acceptance"), (["token", "draft"], "acceptance"), (["beam", "token"], "probability"),
+])
+def test_auto_colouring_of_mixed_kinds_does_not_depend_on_registration_order(kinds, want):
+    # the most specific colouring the trace's kinds suit wins, whichever plot registered first
+    trace = {"steps": [{"i": i, "kind": k} for i, k in enumerate(kinds)]}
+    assert V.auto_metric(trace) == want
+    reordered = dict(reversed(list(V.KIND_METRICS.items())))
+    saved = dict(V.KIND_METRICS)
+    try:
+        V.KIND_METRICS.clear()
+        V.KIND_METRICS.update(reordered)
+        assert V.auto_metric(trace) == want
+    finally:
+        V.KIND_METRICS.clear()
+        V.KIND_METRICS.update(saved)
