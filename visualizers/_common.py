@@ -16,6 +16,9 @@ from typing import Any, Iterable
 import plotly.graph_objects as go
 import plotly.io as pio
 
+# The token colourings ``tokens.tokens_html`` draws (plots declare the one that suits their lanes).
+METRICS = ("probability", "entropy", "acceptance", "unmask_step", "watermark", "none")
+
 # One palette for every plot and for the coloured output, so a colour means the same
 # thing everywhere (accepted draft token = green, in the tree, the histogram and the text).
 ACCEPTED = "#22a55b"

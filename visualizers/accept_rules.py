@@ -13,9 +13,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from visualizers import step_plot
 from visualizers._common import (ACCEPTED, REJECTED, base_layout, empty_figure, label, num, pick_step, plot_text,
                                  wrong_kind)
+from visualizers.registry import step_plot
 
 TITLE = "Acceptance by rule"
 # one colour per rule, the same in every step
@@ -34,7 +34,7 @@ def _depths(nodes: list[dict[str, Any]]) -> dict[Any, int]:
     return out
 
 
-@step_plot("draft", TITLE, needs="accept_rules")
+@step_plot("draft", TITLE, needs="accept_rules", order=50)
 def accept_rules_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Grouped bars: per verified drafted token, each rule's acceptance probability."""
     i, s = pick_step(trace, step)

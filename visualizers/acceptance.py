@@ -16,8 +16,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from playground.core.trace import FIGURE_NAMES, acceptance_by_position, expected_tokens_per_verification
-from visualizers import run_plot
 from visualizers._common import ACCEPTED, INK, base_layout, empty_figure, plot_text, steps_of
+from visualizers.registry import run_plot
 from visualizers.tree import trace_figures
 
 TITLE = "Acceptance by draft position"
@@ -28,7 +28,7 @@ def draft_trees(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return [s["tree"] for s in steps_of(trace) if s.get("kind") == "draft" and isinstance(s.get("tree"), dict)]
 
 
-@run_plot(TITLE, kind="draft")
+@run_plot(TITLE, kind="draft", order=30)
 def position_figure(trace: dict[str, Any]) -> go.Figure:
     """Accepted / offered per draft position (bars, counts in the hover), α^i dotted."""
     by = acceptance_by_position(draft_trees(trace))

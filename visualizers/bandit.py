@@ -13,8 +13,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from visualizers import run_plot
 from visualizers._common import LANE_COLOURS, base_layout, empty_figure, ints, num, plot_text, steps_of
+from visualizers.registry import run_plot
 
 TITLE = "Bandit arms over time"
 
@@ -42,7 +42,7 @@ def hindsight_regret(rounds: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-@run_plot(TITLE, evidence="bandit")
+@run_plot(TITLE, evidence="bandit", order=100)
 def bandit_figure(trace: dict[str, Any]) -> go.Figure:
     """Top: the γ pulled each round, coloured by its reward; middle: pulls per arm over the
     rounds; bottom: the regret against the best arm in hindsight."""

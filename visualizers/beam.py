@@ -17,6 +17,7 @@ from visualizers._common import (
     FINAL, GRID, HEIGHT, base_layout, empty_figure, fmt, ints, num, pick_step, plot_text,
     steps_of, token_text, visible, wrong_kind,
 )
+from visualizers.registry import step_plot
 
 WINDOW = 16  # beam steps shown at once (older ones scroll out): ~17 px a step on a lane card
 LABEL_CHARS = 12  # the last column's labels: each beam's latest text, beside its node
@@ -58,6 +59,7 @@ def _parent_index(beam: dict[str, Any], prev: list[dict[str, Any]]) -> int | Non
     return None
 
 
+@step_plot("beam", "Beam tree", order=10)
 def beam_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Beam hypotheses over steps (x = step, y = rank at that step), edges to parents."""
     title = "Beam tree"

@@ -20,6 +20,7 @@ from visualizers._common import (
     ACCEPTED, CHOSEN, ENTROPY, FINAL, INK, MASK, REJECTED, at, base_layout, empty_figure, fmt, html_token,
     int_dtick, ints, num, pick_step, plot_text, steps_of, token_text, visible, wrong_kind,
 )
+from visualizers.registry import run_plot, step_plot
 
 MASK_GLYPH = "▒▒"
 STATE_COLOURS = {"committed this step": ACCEPTED, "remasked this step": REJECTED,
@@ -97,6 +98,7 @@ def _block_range(block: Any, n: int) -> tuple[int, int] | None:
     return None
 
 
+@step_plot("denoise", "Canvas", html=True, metric="unmask_step", order=10)
 def canvas_html(trace: dict[str, Any], step: int) -> str:
     """The canvas at a denoise step as HTML: filled tokens, visible masks, this step's
     commits outlined green, remasks outlined red; every span carries ``data-step`` (the
@@ -156,6 +158,7 @@ def _note(text: str) -> str:
     return f'<div class="canvas-view note" style="color:{INK}">{html.escape(text)}</div>'
 
 
+@run_plot("Unmasking heatmap", kind="denoise", order=10)
 def unmask_heatmap(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """Position × step: the cell where each position was committed, coloured by its
     confidence; positions already filled in grey; remasks as red crosses."""
@@ -217,6 +220,7 @@ def unmask_heatmap(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     return fig
 
 
+@step_plot("denoise", "Per-position metrics", order=20)
 def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Per position at one denoise step: confidence (bars, coloured by the position's
     state), margin and entropy (lines) — what the remasking policy ranked on. A position
@@ -287,6 +291,7 @@ def position_metrics_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@run_plot("Commits per step", kind="denoise", order=20)
 def commits_per_step_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """Positions committed (up) and remasked (down) per denoise step, with the running
     count of filled positions."""

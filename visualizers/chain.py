@@ -18,9 +18,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from visualizers import step_plot
 from visualizers._common import (CHOSEN, FINAL, INK, REJECTED, at, base_layout, empty_figure, fmt, label, num,
                                  pick_step, plot_text, token_text, visible)
+from visualizers.registry import step_plot
 
 TITLE = "Sampler chain, stage by stage"
 MAX_STAGES = 6  # rows one figure holds; further stages are named in the subtitle
@@ -70,7 +70,7 @@ def _stage_title(j: int, st: dict[str, Any], trace: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-@step_plot("token", "Sampler chain", needs="chain")
+@step_plot("token", "Sampler chain", needs="chain", order=90)
 def chain_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """One cut-off chart per stage: the distribution entering it (its most probable kept tokens
     in blue, removed ones in red, a dotted line at the cut), the sampled token outlined, and

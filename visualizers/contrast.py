@@ -27,6 +27,7 @@ from visualizers._common import (
     CHOSEN, FINAL, INK, RAW, at, base_layout, empty_figure, fmt, int_dtick, ints, num, pick_step,
     plot_text, steps_of, token_text, visible, wrong_kind,
 )
+from visualizers.registry import run_plot, step_plot
 
 # One colour per row of the pair, in the order the evidence lists them: the model's own
 # distribution, what it is contrasted with, and the contrast the token is chosen from.
@@ -104,6 +105,7 @@ def excluded(ev: dict[str, Any], j: int) -> bool:
     return bool(labels) and num(at(ev["probs"][labels[-1]], j)) == 0.0
 
 
+@step_plot("token", "Paired distributions", needs="contrast", order=20)
 def contrast_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Grouped bars of the paired distributions over the shown tokens of a step.
 
@@ -180,6 +182,7 @@ def contrast_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@run_plot("Chosen token's rank", evidence="contrast", order=10)
 def contrast_run_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """Per step, the chosen token's rank under each of the pair's distributions: a rank
     above 0 under the model's own row is a step where the contrast overrode the model."""
@@ -219,6 +222,7 @@ def contrast_run_figure(trace: dict[str, Any], step: int | None = None) -> go.Fi
 
 
 # ---------------------------------------------------------------------- contrastive search
+@step_plot("token", "Candidates", needs="candidates", html=True, order=40)
 def candidates_html(trace: dict[str, Any], step: int) -> str:
     """Contrastive search's candidate table at a step, as escaped HTML: each candidate's
     token, probability, degeneration penalty (max cosine similarity to the context), score,
@@ -278,6 +282,7 @@ def _dola_of(s: dict[str, Any]) -> tuple[list[int], list[float | None], int | No
     return layers, div, prem if isinstance(prem, int) and not isinstance(prem, bool) else None
 
 
+@step_plot("token", "Layer divergence", needs="dola", order=30)
 def dola_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """DoLa at one step: each candidate premature layer's divergence from the final layer,
     the chosen (most divergent) layer highlighted."""
@@ -313,6 +318,7 @@ def dola_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@run_plot("Premature layer per step", evidence="dola", order=20)
 def dola_run_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """The premature layer DoLa chose at every step, over a layer × step heatmap of each
     candidate layer's divergence."""

@@ -16,12 +16,12 @@ from typing import Any, Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from visualizers import run_plot, step_plot
 from visualizers._common import (
     ACCEPTED, CHOSEN, CORRECTION, ENTROPY, FINAL, INK, MASK, at, base_layout, empty_figure, fmt, ints, num,
     pick_step, plot_text, token_text, visible, wrong_kind,
 )
 from visualizers.canvas import canvas_of, denoise_steps, unmasked_of
+from visualizers.registry import run_plot, step_plot
 
 NOT_NOW = "not committed"
 ZONE = "rgba(34,165,91,0.12)"
@@ -117,7 +117,7 @@ def _markers(fig: go.Figure, trace: dict[str, Any], rows: list[tuple[int, dict[s
 
 
 # ---------------------------------------------------------------------- ETE
-@step_plot("denoise", "Explore vs exploit", needs="ete")
+@step_plot("denoise", "Explore vs exploit", needs="ete", order=30)
 def ete_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Bits (``-log2 p``) of each masked position's proposal at one round: exploit commits
     (confident, few bits), explore commits (uncertain, many bits), the rest; the line is the
@@ -143,7 +143,7 @@ def ete_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
                        xaxis_title="position in the canvas", yaxis={"title": "bits (−log2 p)", "rangemode": "tozero"})
 
 
-@run_plot("Bits per round", evidence="ete")
+@run_plot("Bits per round", evidence="ete", order=110)
 def ete_run_figure(trace: dict[str, Any]) -> go.Figure:
     """Top: bits committed per round, exploit and explore stacked, and the cascade (confident
     commits in the round after an exploration). Bottom: the unmasking map with explore and
@@ -181,7 +181,7 @@ R2_GROUPS = [("threshold", "threshold", ACCEPTED, "circle"), ("spatial (window)"
              ("temporal (stable)", "temporal", CHOSEN, "diamond")]
 
 
-@step_plot("denoise", "Which rule committed", needs="r2")
+@step_plot("denoise", "Which rule committed", needs="r2", order=40)
 def r2_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Confidence of each masked position coloured by the R² rule that committed it, the
     windows that fired shaded, and each position's stability counter (steps its proposal
@@ -210,7 +210,7 @@ def r2_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
                                "rangemode": "tozero"})
 
 
-@run_plot("Stability counters", evidence="r2")
+@run_plot("Stability counters", evidence="r2", order=120)
 def r2_run_figure(trace: dict[str, Any]) -> go.Figure:
     """Position × step: how many steps each masked position's proposal had held (darker =
     more stable), with each commit marked by the rule that made it."""
@@ -233,7 +233,7 @@ def r2_run_figure(trace: dict[str, Any]) -> go.Figure:
 
 
 # ---------------------------------------------------------------------- LocalLeap
-@step_plot("denoise", "Anchors and leap zones", needs="leap")
+@step_plot("denoise", "Anchors and leap zones", needs="leap", order=50)
 def leap_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Confidence of each masked position: anchors (above τ_hi), leaps (inside a zone, above
     τ_lo) and the rest, with the zones shaded and both thresholds drawn."""
@@ -253,7 +253,7 @@ def leap_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
                        xaxis_title="position in the canvas", yaxis={"title": "confidence", "range": [0, 1.05]})
 
 
-@run_plot("Anchors over the run", evidence="leap")
+@run_plot("Anchors over the run", evidence="leap", order=130)
 def leap_run_figure(trace: dict[str, Any]) -> go.Figure:
     """Position × step: the leap zones of each step shaded, anchors and leaps marked."""
     title = "Anchors over the run"
@@ -281,7 +281,7 @@ def leap_run_figure(trace: dict[str, Any]) -> go.Figure:
 
 
 # ---------------------------------------------------------------------- AdaBlock
-@step_plot("denoise", "Adaptive block", needs="adablock")
+@step_plot("denoise", "Adaptive block", needs="adablock", order=60)
 def adablock_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Confidence of each masked position with the current block shaded; on a block's first
     step also the look-ahead window, the delimiter candidates (stars) and the boundary."""
@@ -314,7 +314,7 @@ def adablock_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
                        xaxis_title="position in the canvas", yaxis={"title": "confidence", "range": [0, 1.05]})
 
 
-@run_plot("Blocks over the run", evidence="adablock")
+@run_plot("Blocks over the run", evidence="adablock", order=140)
 def adablock_run_figure(trace: dict[str, Any]) -> go.Figure:
     """Position × step: the block each step worked in (the band moves, and its size varies),
     commits marked, and the delimiter that ended each adaptive block starred."""
@@ -354,7 +354,7 @@ def adablock_run_figure(trace: dict[str, Any]) -> go.Figure:
 
 
 # ---------------------------------------------------------------------- ASS
-@run_plot("Step-size schedule", evidence="schedule")
+@run_plot("Step-size schedule", evidence="schedule", order=150)
 def schedule_run_figure(trace: dict[str, Any]) -> go.Figure:
     """Commits per step: the ascending schedule that was planned, what was committed, and
     the even schedule LLaDA would use with the same number of steps, for comparison."""

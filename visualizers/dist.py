@@ -18,6 +18,7 @@ from visualizers._common import (
     CHOSEN, ENTROPY, FINAL, RAW, at, base_layout, empty_figure, fmt, int_dtick, ints, label, num,
     pick_step, plot_text, steps_of, token_text, visible, wrong_kind,
 )
+from visualizers.registry import run_plot, step_plot
 
 
 def chosen_probs(dist: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -32,6 +33,9 @@ def chosen_probs(dist: dict[str, Any]) -> tuple[float | None, float | None]:
     return num(at(dist.get("raw_probs"), j)), num(at(dist.get("final_probs"), j))
 
 
+# the paired distributions' first row is the model's own distribution: short of slots, it takes this one's
+@step_plot("token", "Distribution", order=10, yields_to="Paired distributions")
+@step_plot("draft", "Correction distribution", needs="correction_dist", order=30)
 def distribution_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Top-K bars of raw vs final probability at a token step, chosen token marked.
 
@@ -111,6 +115,10 @@ def _ymax(*series: list[float | None]) -> float:
     return min(1.18, top * 1.18) if top > 0 else 1.0
 
 
+@run_plot("Entropy and probability", kind="token", order=10)
+@run_plot("Confidence over steps", kind="denoise", order=30)
+@run_plot("Beam scores", kind="beam", order=10)
+@run_plot("Jacobi convergence", kind="jacobi", order=10)
 def timeline_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """The run as a line: entropy and chosen-token probability per step (token steps).
 

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from playground.core.trace import accepted_nodes
 from visualizers._common import LANE_COLOURS, base_layout, empty_figure, ints, num, plot_text, steps_of
 from visualizers.compare import lane_name
+from visualizers.registry import compare_plot
 
 FLOOR = 1e-6
 WHICH = {"final": "final_probs", "raw": "raw_probs"}
@@ -204,6 +205,7 @@ def lane_divergence(a: dict[str, Any], b: dict[str, Any], which: str = "final") 
     return rows
 
 
+@compare_plot("Divergence between lanes", order=10)
 def divergence_figure(traces: list[dict[str, Any]], reference: int = 0, which: str = "final") -> go.Figure:
     """Each lane against the reference lane (the first by default): Jensen-Shannon per output
     position (solid), KL(reference ‖ lane) (dotted) and KL(lane ‖ reference) (dashed), while

@@ -14,6 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from visualizers._common import CHOSEN, FINAL, at, base_layout, empty_figure, ints, label, num, steps_of
+from visualizers.registry import run_plot
 
 
 def _prob(dist: Any, token: Any) -> float | None:
@@ -24,6 +25,7 @@ def _prob(dist: Any, token: Any) -> float | None:
     return num(at(dist.get("raw_probs"), ids.index(token))) if token in ids else None
 
 
+@run_plot("Forced tokens", evidence="forced", order=80)
 def forced_figure(trace: dict[str, Any]) -> go.Figure:
     """Per forced position: p(forced token) and p(the decoder's own pick) under the model."""
     title = "Forced tokens"

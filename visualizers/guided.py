@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from visualizers._common import (ACCEPTED, INK, REJECTED, at, base_layout, empty_figure, fmt, ints, num,
                                  pick_step, plot_text, steps_of, token_text, visible)
+from visualizers.registry import run_plot, step_plot
 
 TITLE = "Constraint"
 
@@ -35,6 +36,11 @@ def _short(s: str, n: int = 10) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+# the sampler chain's first stages are the constraint's bias and mask, with its blocked and kept tokens:
+# short of slots, it takes this one's
+@step_plot("token", "Constraint", needs="constraint", order=70, yields_to="Sampler chain")
+@step_plot("draft", "Constraint", needs="constraint", order=40)
+@step_plot("beam", "Constraint", needs="constraint", order=30)
 def constraint_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """One step: the top blocked tokens (red) and the top allowed ones (green), by their
     probability under the model before the mask; the title gives the allowed count and the
@@ -77,6 +83,7 @@ def constraint_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@run_plot("Constraint over the run", evidence="constraint", order=90)
 def constraint_run_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """The run: mass removed by the constraint per step (bars) and the number of allowed
     tokens (line, log axis on the right)."""

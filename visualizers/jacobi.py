@@ -18,6 +18,7 @@ from visualizers._common import (
     ACCEPTED, CORRECTION, at, base_layout, empty_figure, ints, label, pick_step, plot_text,
     steps_of, token_text, visible, wrong_kind,
 )
+from visualizers.registry import step_plot
 
 WINDOW = 16  # iterations shown at once
 
@@ -42,6 +43,7 @@ def jacobi_rows(trace: dict[str, Any], upto: int) -> list[dict[str, Any]]:
     return rows
 
 
+@step_plot("jacobi", "Jacobi grid", metric="acceptance", order=10)
 def jacobi_grid_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """The window × iteration grid of Jacobi decoding up to a step."""
     title = "Jacobi window × iteration"

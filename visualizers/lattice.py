@@ -13,9 +13,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from visualizers import run_plot
 from visualizers._common import (ACCEPTED, CORRECTION, INK, UNREACHED, base_layout, empty_figure, label, num,
                                  plot_text, steps_of)
+from visualizers.registry import run_plot
 
 TITLE = "Lattice"
 
@@ -39,7 +39,7 @@ def lattice_parts(trace: dict[str, Any]) -> tuple[dict[int, list[Any]], list[lis
     return nodes, merges, answer, int(n or 0)
 
 
-@run_plot(TITLE, evidence="lattice")
+@run_plot(TITLE, evidence="lattice", order=160)
 def lattice_figure(trace: dict[str, Any]) -> go.Figure:
     """The search lattice: nodes by depth, parent edges, merge edges, the answer's path."""
     nodes, merges, answer, n = lattice_parts(trace)

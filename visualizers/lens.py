@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from visualizers._common import (
     CHOSEN, HEIGHT, at, base_layout, empty_figure, fmt, ints, num, pick_step, plot_text, steps_of, token_text, visible,
 )
+from visualizers.registry import run_plot, step_plot
 
 
 def lens_height(rows: int) -> int:
@@ -57,6 +58,7 @@ def _short(s: str, n: int = 8) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+@step_plot("token", "Logit lens", needs="lens", order=50)
 def lens_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """One step's logit lens: layers (rows, embeddings at the bottom) × top rank (columns),
     each cell the token that layer ranks there and its probability; the chosen token's cells
@@ -119,6 +121,7 @@ def lens_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@run_plot("Logit lens over the run", evidence="lens", order=30)
 def lens_run_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """The run through the lens: layers × step, each cell the probability the layer gives the
     token that step chose."""

@@ -12,14 +12,14 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from visualizers import step_plot
 from visualizers._common import (ACCEPTED, FINAL, RAW, REJECTED, base_layout, empty_figure, fmt, label, num,
                                  pick_step, plot_text, wrong_kind)
+from visualizers.registry import step_plot
 
 TITLE = "Contrastive verification"
 
 
-@step_plot("draft", TITLE, needs="scd")
+@step_plot("draft", TITLE, needs="scd", order=60)
 def scd_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Per verified position: the drafted token's expert, amateur and contrast probability."""
     i, s = pick_step(trace, step)

@@ -16,6 +16,7 @@ from visualizers._common import (
     plot_text, steps_of, token_text, visible,
 )
 from visualizers.canvas import MASK_GLYPH
+from visualizers.registry import run_plot, step_plot
 
 LABEL_TOKENS = 4  # the last tokens of a hypothesis shown as its label
 
@@ -36,6 +37,7 @@ def _field(trace: dict[str, Any], step: int, field: str, title: str) -> tuple[in
     return i, s, None
 
 
+@step_plot("beam", "Frontier and pops", needs="frontier", order=40)
 def frontier_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Best-first beam search at one wave: the hypotheses it popped and the queue's best entries."""
     title = "Frontier and pops"
@@ -59,6 +61,7 @@ def frontier_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@step_plot("beam", "MBR utilities", needs="mbr", order=50)
 def mbr_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """MBR's utility matrix (hypotheses x references) with the chosen hypothesis, or, under
     reference aggregation, each hypothesis's utility against the aggregate."""
@@ -93,6 +96,7 @@ def mbr_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@step_plot("token", "Rollouts", needs="trials", order=80)
 def trials_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """The rollouts of a triggered cntp/adadec step, with the one kept."""
     title = "Rollouts"
@@ -115,6 +119,7 @@ def trials_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@run_plot("Surprisal curve", evidence="uid", order=40)
 def surprisal_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """UID beam search: the surprisal of each token of the best hypothesis (the final output's
     when the run is done), with its mean: a flat curve is uniform information density."""
@@ -146,6 +151,7 @@ def surprisal_figure(trace: dict[str, Any], step: int | None = None) -> go.Figur
     return fig
 
 
+@run_plot("Who wrote each token", evidence="handover", order=50)
 def handover_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """EAD: the small model's entropy and rolling mean per step, the threshold, and which model
     wrote each token."""
@@ -175,6 +181,7 @@ def handover_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure
     return fig
 
 
+@step_plot("draft", "Diffusion draft canvas", needs="draft_canvas", html=True, order=20)
 def draft_canvas_html(trace: dict[str, Any], step: int) -> str:
     """diffuspec: the diffusion draft's block after each denoising forward (masked positions
     greyed), above the verified draft tree."""

@@ -17,6 +17,7 @@ from visualizers._common import (
     CHOSEN, FINAL, GRID, INK, base_layout, empty_figure, fmt, ints, num, pick_step, plot_text,
     steps_of, token_text, visible, wrong_kind,
 )
+from visualizers.registry import run_plot, step_plot
 
 WINDOW = 16  # steps shown at once, as the beam tree
 MAX_MARKER = 26  # px of a particle holding all the weight
@@ -42,6 +43,7 @@ def _weights(s: dict[str, Any]) -> list[float]:
     return [v if v is not None else 0.0 for v in vals]
 
 
+@step_plot("beam", "Particles", needs="smc", order=20)
 def particles_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """Particles over the last steps up to ``step``: size = weight, colour = potential,
     edges to parents (crossing edges after a resampling: copies of heavy particles)."""
@@ -107,6 +109,7 @@ def particles_figure(trace: dict[str, Any], step: int) -> go.Figure:
     return fig
 
 
+@run_plot("Effective sample size", evidence="smc", order=70)
 def ess_figure(trace: dict[str, Any]) -> go.Figure:
     """Effective sample size per step, the resampling threshold and the resampling events."""
     title = "Effective sample size"

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.core.trace import FIGURE_NAMES, committed_count, step_figures
-from visualizers._common import html_token, ints, num, steps_of, token_text, visible
+from visualizers._common import METRICS, html_token, ints, num, steps_of, token_text, visible
 from visualizers.canvas import commit_state, canvas_of, denoise_steps, is_masked, mask_id_of, MASK_GLYPH
 from visualizers.dist import chosen_probs
 from visualizers.tree import accepted_ids, tree_nodes
 from visualizers.watermark import GREEN_BG, RED_BG
 
-METRICS = ("probability", "entropy", "acceptance", "unmask_step", "watermark", "none")
 ENTROPY_MAX = 5.0  # nats at which the entropy colour saturates (fixed, so colours don't shift live)
 # Probability is coloured on a log scale from p = 1 (faint) to PROB_FLOOR (full): a small
 # model gives most chosen tokens p < 0.3, which a linear scale painted almost uniformly dark.

@@ -21,6 +21,7 @@ from visualizers._common import (
     ACCEPTED, BONUS, CORRECTION, HEIGHT, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt, int_dtick,
     ints, label, num, pick_step, plot_text, steps_of, visible, token_text, wrong_kind,
 )
+from visualizers.registry import run_plot, step_plot
 
 STATUS_COLOUR = {"accepted": ACCEPTED, "rejected": REJECTED, "never reached": UNREACHED}
 SOURCE_SYMBOL = {"draft-model": "circle", "draft": "circle", "ngram": "square", "lookup": "square",
@@ -152,6 +153,7 @@ def layout_tree(tree: dict[str, Any], correction_parent: Any = None) -> dict[Any
     return pos
 
 
+@step_plot("draft", "Draft tree", metric="acceptance", order=10)
 def draft_tree_figure(trace: dict[str, Any], step: int) -> go.Figure:
     """The draft tree of one draft step: what was proposed, accepted, rejected, corrected."""
     title = "Draft tree"
@@ -295,6 +297,7 @@ def trace_figures(trace: dict[str, Any]) -> dict[str, float] | None:
     return speculative_figures(*counts) if counts else None
 
 
+@run_plot("Accepted length", kind="draft", order=10)
 def accepted_length_histogram(trace: dict[str, Any]) -> go.Figure:
     """How many drafted tokens each verification accepted (0 … tree depth), as counts."""
     title = "Accepted length per verification"
@@ -318,6 +321,7 @@ def accepted_length_histogram(trace: dict[str, Any]) -> go.Figure:
     return fig
 
 
+@run_plot("Acceptance over time", kind="draft", order=20)
 def acceptance_timeline(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """Per draft step: accepted tokens plus the correction/bonus token, and the acceptance
     (accepted drafted tokens / drafted tokens) of that step and of the run so far."""

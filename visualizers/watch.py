@@ -14,9 +14,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from visualizers import run_plot
 from visualizers._common import (LANE_COLOURS, base_layout, empty_figure, ints, num, plot_text, steps_of,
                                  token_text, visible)
+from visualizers.registry import run_plot
 
 TITLE = "Watched tokens"
 FLOOR = 1e-9  # a probability of 0 (removed by the rule) is drawn at this floor on the log axis
@@ -58,7 +58,7 @@ def watched(trace: dict[str, Any], rows: list[tuple[int, dict[str, Any]]]) -> li
     return out
 
 
-@run_plot(TITLE, evidence="watch")
+@run_plot(TITLE, evidence="watch", order=170)
 def watch_figure(trace: dict[str, Any]) -> go.Figure:
     """Each watched token's raw (solid) and final (dotted) probability per output position."""
     rows = watch_rows(trace)

@@ -18,6 +18,7 @@ from visualizers._common import (
     ACCEPTED, GRID, INK, REJECTED, UNREACHED, base_layout, empty_figure, fmt, html_token, ints, num,
     pick_step, steps_of, token_text, visible,
 )
+from visualizers.registry import run_plot, step_plot
 
 Z_THRESHOLD = 4.0  # the detector's default verdict line (Kirchenbauer et al. use z = 4)
 GREEN_BG = "rgba(34,165,91,0.32)"
@@ -44,6 +45,7 @@ def watermark_rows(trace: dict[str, Any], upto: int | None = None) -> list[dict[
     return rows
 
 
+@step_plot("token", "Watermark", needs="watermark", html=True, order=60)
 def watermark_tokens_html(trace: dict[str, Any], step: int) -> str:
     """The output up to ``step``, each token on green (in its green list), red (not) or grey
     (unscored), the chosen step outlined, under a line with the z-score at that step."""
@@ -76,6 +78,7 @@ def watermark_tokens_html(trace: dict[str, Any], step: int) -> str:
             f'<div style="font-size:0.8em;opacity:0.8;margin-top:4px">{legend}</div></div>')
 
 
+@run_plot("Watermark z-score", evidence="watermark", metric="watermark", order=60)
 def watermark_z_figure(trace: dict[str, Any]) -> go.Figure:
     """The output's z-score after each token (markers green/red by the token's colour), with
     the detection line at z = 4 and the green list's mass before and after the bias."""
