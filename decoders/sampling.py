@@ -20,7 +20,7 @@ import torch
 
 from decoders.ar import COUPLINGS, Picker, draw, greedy_probs, token_loop
 from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, declare_family, lens_param, register
-from decoders.guided._constraint import constraint_params
+from decoders.constraint import constraint_params
 from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
                                  build_chain, chain_params, check_chain)
 from playground.core.trace import Step

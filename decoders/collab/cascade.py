@@ -9,7 +9,7 @@ import torch
 
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, register
 from decoders.collab._common import argmax, check_small_model, share
-from decoders.speculative.draft_model import DraftState, fit_logits
+from decoders.draft_state import DraftState, fit_logits
 from playground.core.trace import Step, speculative_figures
 
 RULES = ("chow", "diff", "opt", "always")

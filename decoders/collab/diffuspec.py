@@ -10,7 +10,7 @@ import torch
 from decoders.ar import sample_index
 from decoders.base import Context, Int, PlaygroundError, register
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, sampling_params
-from decoders.speculative.draft_model import fit_logits
+from decoders.draft_state import fit_logits
 from playground.core.trace import Step
 
 

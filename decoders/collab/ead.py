@@ -10,7 +10,7 @@ import torch
 from decoders.ar import dist_evidence, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.collab._common import argmax, check_small_model, entropy_nats, share
-from decoders.speculative.draft_model import DraftState, fit_logits
+from decoders.draft_state import DraftState, fit_logits
 from playground.core.trace import Step
 
 

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from decoders.base import Context, Decoder, Float, Int, Params, PlaygroundError, Text, register
-from decoders.guided._constraint import _parse_words
+from decoders.constraint import parse_words
 from decoders.search._beam import BatchState, hits_stop
 from playground.core.trace import Step
 
@@ -51,7 +51,7 @@ def phrases_of(view: Any, text: str) -> list[list[int]]:
     """Token sequences of the forced words: as written when they start with white space or
     punctuation, else with a leading space (a word inside running text)."""
     out: list[list[int]] = []
-    for w in _parse_words(text):
+    for w in parse_words(text):
         t = w if not w[0].isalnum() else " " + w
         ids = [int(i) for i in view.tokenizer.encode(t, add_special_tokens=False)]
         if not ids:

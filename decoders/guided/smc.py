@@ -23,7 +23,7 @@ import torch
 from decoders._cache import repeat_batch
 from decoders.ar import draw
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
-from decoders.guided._constraint import constraint_params, stage_for
+from decoders.constraint import constraint_params, stage_for
 from decoders.processors import History, build_chain
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
@@ -193,7 +193,7 @@ class Particle:
     phi: float = 0.0
     finished: bool = False
     reason: str = "length"
-    row: Any = None  # the constraint stage's matcher state (decoders.guided._constraint.Row)
+    row: Any = None  # the constraint stage's matcher state (decoders.constraint.Row)
     allowed_mass: float | None = None  # share of the proposal the constraint allowed, last step
 
     def copy(self) -> "Particle":

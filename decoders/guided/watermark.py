@@ -26,7 +26,7 @@ import torch
 
 from decoders.ar import token_loop
 from decoders.base import Choice, Context, Float, Int, lens_param, register
-from decoders.guided._constraint import constraint_params
+from decoders.constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
 from decoders.sampling import ChainDecoder, chain_picker, coupling_param
 from playground.core.errors import PlaygroundError

@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 import torch
 
+from decoders.ar import draw
 from decoders.base import Context, Float, Int
 from decoders.processors import CHAIN_DEFAULTS, History, build_chain
 from decoders.search._beam import BatchState, hits_stop
@@ -94,8 +95,6 @@ def iid_chooser(ctx: Context, stream: str = "sample") -> Chooser:
     """Independent draws: sample 0 reads the `sample` decoder's common random numbers
     (Gumbel-max on stream ``sample``), sample ``i > 0`` its own stream (``sample/<i>``).
     Another ``stream`` gives a second, independent set (``<stream>/<i>`` for every i)."""
-    from decoders.ar import draw
-
     def name(i: int) -> str:
         return ("sample" if i == 0 else f"sample/{i}") if stream == "sample" else f"{stream}/{i}"
 

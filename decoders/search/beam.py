@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from decoders.base import Context, Decoder, Float, Int, register
-from decoders.guided._constraint import constraint_params
+from decoders.constraint import constraint_params
 from decoders.search._beam import BeamParams, _beam_knobs, group_beam_search
 from playground.core.trace import Step
 

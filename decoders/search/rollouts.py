@@ -11,7 +11,7 @@ import torch
 from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.search._beam import BatchState, hits_stop
-from decoders.speculative.draft_model import DraftState
+from decoders.draft_state import DraftState
 from playground.core.trace import Step
 
 PUNCTUATION = set(".,;:!?\n")

@@ -17,7 +17,7 @@ import torch
 from decoders.ar import sample_index
 from decoders.base import Context
 from decoders.speculative._verify import ROOT, SpecDecoder, Tree
-from decoders.speculative.draft_model import DraftState, fit_logits
+from decoders.draft_state import DraftState, fit_logits
 
 
 @dataclass

@@ -40,7 +40,7 @@ from decoders._cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask
 from decoders.ar import (checked_probs, constraint_stage, descending_order, dist_evidence, pick_in_order,
                         sample_index, watch_evidence)
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
-from decoders.guided._constraint import constraint_params
+from decoders.constraint import constraint_params
 from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
 from playground.core.trace import Step, speculative_figures
 

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 from decoders.base import Choice, Context, Float, PlaygroundError, Text, register
 from decoders.speculative._chain import draft_chain
 from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
-from decoders.speculative.draft_model import DraftState, check_draft, check_draft_context
+from decoders.draft_state import DraftState
+from decoders.speculative.draft_model import check_draft, check_draft_context
 from playground.core.trace import Step
 
 MAX_GAMMA = 32

@@ -11,7 +11,8 @@ from decoders.base import Context, Float, Int, PlaygroundError, register
 from decoders.contrastive.expert_amateur import cd_scores
 from decoders.speculative._chain import draft_chain
 from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, tree_evidence
-from decoders.speculative.draft_model import DraftState, check_draft, check_draft_context
+from decoders.draft_state import DraftState
+from decoders.speculative.draft_model import check_draft, check_draft_context
 from playground.core.trace import Step
 
 
