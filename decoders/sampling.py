@@ -21,7 +21,7 @@ import torch
 from decoders.ar import COUPLINGS, Picker, draw, greedy_probs, token_loop
 from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, declare_family, lens_param, register
 from decoders.constraint import constraint_params
-from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
+from decoders.processors import (CHAIN_DEFAULTS, EMPTIED_NOTE, Chain, ChainParams, History, active_items,
                                  build_chain, chain_params, check_chain)
 from playground.core.trace import Step
 
@@ -97,6 +97,17 @@ def chain_picker(ctx: Context, chain: Chain, stages_out: list[list[dict[str, Any
     return pick
 
 
+def add_chain_evidence(step: Step, stages: list[dict[str, Any]]) -> Step:
+    """``step`` with the chain's ``stages`` in its ``chain`` evidence, after the constraint's
+    (token_loop's, which act before the chain), and a ``dist`` note naming the rules that
+    removed every token."""
+    step.evidence["chain"] = step.evidence.get("chain", []) + stages
+    emptied = [st["stage"] for st in stages if st.get("emptied")]
+    if emptied:
+        step.evidence["dist"]["note"] = f"{', '.join(emptied)} {EMPTIED_NOTE}"
+    return step
+
+
 class ChainDecoder(Decoder):
     """A causal sampler defined by a processor chain built from chain knobs."""
 
@@ -113,13 +124,7 @@ class ChainDecoder(Decoder):
         self.extra_stats["chain"] = chain.labels
         stages: list[list[dict[str, Any]]] = [[]]
         for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
-            # the constraint's stages (token_loop's, before the chain) come first
-            step.evidence["chain"] = step.evidence.get("chain", []) + stages[0]
-            emptied = [st["stage"] for st in stages[0] if st.get("emptied")]
-            if emptied:
-                step.evidence["dist"]["note"] = (f"{', '.join(emptied)} removed every token; "
-                                                 "kept the most probable one still live")
-            yield step
+            yield add_chain_evidence(step, stages[0])
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
         return bool(active_items(self.chain_knobs(params)))

@@ -28,7 +28,7 @@ from decoders.ar import token_loop
 from decoders.base import Choice, Context, Float, Int, lens_param, register
 from decoders.constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
-from decoders.sampling import ChainDecoder, chain_picker, coupling_param
+from decoders.sampling import ChainDecoder, add_chain_evidence, chain_picker, coupling_param
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step, p_value, z_score  # the figures' one definition
 
@@ -252,11 +252,7 @@ class Watermark(ChainDecoder):
         context = list(ctx.prompt_ids)
         green = scored = 0
         for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
-            step.evidence["chain"] = step.evidence.get("chain", []) + stages[0]
-            emptied = [st["stage"] for st in stages[0] if st.get("emptied")]
-            if emptied:
-                step.evidence["dist"]["note"] = (f"{', '.join(emptied)} removed every token; "
-                                                 "kept the most probable one still live")
+            add_chain_evidence(step, stages[0])
             tok = step.committed[0]
             ev: dict[str, Any] = {"gamma": scheme.gamma, "delta": scheme.delta}
             if len(context) >= scheme.min_context:
