@@ -21,8 +21,8 @@ import torch
 from decoders.ar import COUPLINGS, Picker, draw, greedy_probs, token_loop
 from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, declare_family, lens_param, register
 from decoders.constraint import constraint_params
-from decoders.processors import (CHAIN_DEFAULTS, EMPTIED_NOTE, Chain, ChainParams, History, active_items,
-                                 build_chain, chain_params, check_chain)
+from decoders.processors import (EMPTIED_NOTE, Chain, ChainParams, History, active_items, build_chain,
+                                 chain_defaults, chain_params, check_chain)
 from playground.core.trace import Step
 
 
@@ -116,7 +116,7 @@ class ChainDecoder(Decoder):
 
     def chain_knobs(self, params: dict[str, Any]) -> dict[str, Any]:
         """The full set of chain knobs these decoder knobs stand for."""
-        return {**CHAIN_DEFAULTS, **params}
+        return {**chain_defaults(), **params}
 
     def run(self, ctx: Context) -> Iterator[Step]:
         knobs = self.chain_knobs(ctx.params)
@@ -175,7 +175,7 @@ class Preset(ChainDecoder):
 
     def chain_knobs(self, params: dict[str, Any]) -> dict[str, Any]:
         mapped = {self.mapping.get(k, k): v for k, v in params.items()}
-        return {**CHAIN_DEFAULTS, **self.fixed, **mapped}
+        return {**chain_defaults(), **self.fixed, **mapped}
 
 
 def _temperature() -> Float:

@@ -9,7 +9,7 @@ import torch
 
 from decoders.ar import draw
 from decoders.base import Context, Float, Int
-from decoders.processors import CHAIN_DEFAULTS, History, build_chain
+from decoders.processors import History, build_chain, chain_defaults
 from decoders.search._beam import BatchState, hits_stop
 from playground.core.trace import Step
 
@@ -25,7 +25,7 @@ def _filter_knobs() -> dict[str, Any]:
 
 def _filter_chain(p: dict[str, Any], epsilon: float = 0.0):
     """The samplers' chain: top-k, top-p, min-p, then epsilon (MBR's epsilon sampler), then temperature."""
-    return build_chain({**CHAIN_DEFAULTS, **{k: p[k] for k in ("temperature", "top_k", "top_p", "min_p")},
+    return build_chain({**chain_defaults(), **{k: p[k] for k in ("temperature", "top_k", "top_p", "min_p")},
                         "epsilon": epsilon, "order": "top_k,top_p,min_p,epsilon,temperature"})
 
 
