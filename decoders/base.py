@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Iterator
 import numpy as np
 import torch
 
+from decoders.citation import Paper
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.trace import Step
 
@@ -285,6 +286,8 @@ class Decoder:
     kind: ClassVar[str] = "causal"
     params: ClassVar[Params] = Params()
     reference: ClassVar[str] = ""
+    # the linked sources behind the decoder (the catalogue links them; see decoders/citation.py)
+    papers: ClassVar[tuple[Paper, ...]] = ()
     description: ClassVar[str] = ""
     needs_draft: ClassVar[bool] = False
     lossless: ClassVar[bool] = False

@@ -9,6 +9,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from decoders.base import Context, Decoder, Float, Int, Params, PlaygroundError, Text, register
+from decoders.citation import arxiv
 from decoders.constraint import parse_words
 from decoders.search._beam import BatchState, hits_stop
 from playground.core.trace import Step
@@ -107,6 +108,12 @@ class ConstrainedBeam(Decoder):
     )
     reference = ("Post & Vilar 2018, Fast Lexically Constrained Decoding with Dynamic Beam Allocation for "
                  "Neural Machine Translation (NAACL); Hokamp & Liu 2017 (grid beam search)")
+    papers = (
+        arxiv("Post & Vilar 2018, Fast Lexically Constrained Decoding with Dynamic Beam "
+              "Allocation for Neural Machine Translation (NAACL)", "1804.06609"),
+        arxiv("Hokamp & Liu 2017, Lexically Constrained Decoding for Sequence Generation Using "
+              "Grid Beam Search (ACL)", "1704.07138"),
+    )
     description = "Beam search whose output must contain the forced words; beams split into banks by progress"
 
     def run(self, ctx: Context) -> Iterator[Step]:

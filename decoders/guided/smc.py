@@ -23,6 +23,7 @@ import torch
 from decoders._cache import repeat_batch
 from decoders.ar import draw
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
+from decoders.citation import arxiv
 from decoders.constraint import constraint_params, stage_for
 from decoders.processors import History, build_chain
 from playground.core.errors import PlaygroundError
@@ -250,6 +251,12 @@ class SMC(Decoder):
     reference = ("Lew et al. 2023, Sequential Monte Carlo Steering of Large Language Models using "
                  "Probabilistic Programs; Loula et al. 2025, Syntactic and Semantic Control of Large "
                  "Language Models via Sequential Monte Carlo (ICLR)")
+    papers = (
+        arxiv("Lew et al. 2023, Sequential Monte Carlo Steering of Large Language Models using "
+              "Probabilistic Programs", "2306.03081"),
+        arxiv("Loula et al. 2025, Syntactic and Semantic Control of Large Language Models via "
+              "Sequential Monte Carlo (ICLR)", "2504.13139"),
+    )
     description = "N particles reweighted by regex/keyword/length potentials, resampled when ESS is low"
     shows = ("; plus `smc` per step: each particle's normalised weight, log weight and potential, the "
              "effective sample size against its threshold, and whether (and from which ancestors) the "

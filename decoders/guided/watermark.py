@@ -26,6 +26,7 @@ import torch
 
 from decoders.ar import token_loop
 from decoders.base import Choice, Context, Float, Int, lens_param, register
+from decoders.citation import arxiv
 from decoders.constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
 from decoders.sampling import ChainDecoder, add_chain_evidence, chain_picker, coupling_param
@@ -232,6 +233,7 @@ class Watermark(ChainDecoder):
     params = ChainParams(**chain_params(), **_wm_params(), coupling=coupling_param(), logit_lens=lens_param(),
                          **constraint_params(healing=True))
     reference = "Kirchenbauer et al. 2023, A Watermark for Large Language Models (ICML)"
+    papers = (arxiv("Kirchenbauer et al. 2023, A Watermark for Large Language Models (ICML)", "2301.10226"),)
     description = "Sample with a green-list watermark (transformers-compatible) and track its z-score"
     shows = ("; plus `watermark` per step: whether the token fell in its green list, the green list's "
              "probability before and after delta, and the output's running z-score")

@@ -11,6 +11,7 @@ import torch
 from decoders.ar import sample_index
 from decoders.base import Context, Float, Int, PlaygroundError, register
 from decoders._cache import CacheInfo, check_rollback, masks_by_type
+from decoders.citation import arxiv
 from decoders.draft_state import DraftState, fit_logits
 from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
                                           draw_without_replacement, rule_params, sampling_params)
@@ -94,6 +95,14 @@ class Speculative(SpecDecoder):
     reference = ("Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding; "
                  "Chen et al. 2023, Accelerating LLM Decoding with Speculative Sampling; "
                  "Huang et al. 2024, SpecDec++ (adaptive length)")
+    papers = (
+        arxiv("Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding "
+              "(ICML)", "2211.17192"),
+        arxiv("Chen et al. 2023, Accelerating Large Language Model Decoding with Speculative "
+              "Sampling", "2302.01318"),
+        arxiv("Huang et al. 2024, SpecDec++: Boosting Speculative Decoding via Adaptive "
+              "Candidate Lengths (adaptive draft length)", "2405.19715"),
+    )
     description = "Draft γ tokens with a small model, verify in one target pass, resample at the first rejection"
     params = SpecParams(
         gamma=Int(10, 1, 32, "most tokens drafted per step (γ); the confidence rules may stop a draft sooner"),
@@ -175,6 +184,17 @@ class SpecTree(SpecDecoder):
     lossless = True
     reference = ("Li et al. 2024, EAGLE-2 (dynamic draft trees); Chen et al. 2024, Sequoia; Miao et al. 2024, "
                  "SpecInfer; Sun et al. 2023, SpecTr; Yang et al. 2023, Multi-candidate speculative decoding")
+    papers = (
+        arxiv("Li et al. 2024, EAGLE-2: Faster Inference of Language Models with Dynamic Draft "
+              "Trees", "2406.16858"),
+        arxiv("Chen et al. 2024, Sequoia: Scalable, Robust, and Hardware-aware Speculative "
+              "Decoding", "2402.12374"),
+        arxiv("Miao et al. 2024, SpecInfer: Accelerating Generative LLM Serving with Tree-based "
+              "Speculative Inference and Verification (ASPLOS)", "2305.09781"),
+        arxiv("Sun et al. 2023, SpecTr: Fast Speculative Decoding via Optimal Transport "
+              "(NeurIPS)", "2310.15141"),
+        arxiv("Yang et al. 2024, Multi-Candidate Speculative Decoding", "2401.06706"),
+    )
     description = "Draft a dynamic token tree, verify all of it in one target pass with a tree mask"
     params = SpecParams(
         depth=Int(5, 1, 16, "maximum depth of the draft tree"),
