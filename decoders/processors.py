@@ -5,6 +5,12 @@ filtered-out token gets ``-inf``). :func:`build_chain` turns a decoder's knobs a
 user's ``order`` into a :class:`Chain`, keeping only the processors whose knob is not
 neutral, in the order the user gave (like llama.cpp's sampler chain).
 
+A rule is one class: it declares its ``order`` item, its slot in the default order, its knobs
+(their defaults are the neutral values), when it acts and how it is built, and registers with
+:func:`rule`; the chain's knobs, its ``order`` items and its factory all come from the
+registered classes. A decoder takes the chain's knobs as they stand when its class is defined
+(``ChainParams(**chain_params(), ...)``), so a built-in rule lives here, before any of them.
+
 The rules follow their references and, where transformers implements the same rule,
 transformers' arithmetic (``transformers.generation.logits_process``), so that the
 filtered distributions agree exactly; ``tests/test_processors.py`` checks this.
