@@ -31,6 +31,7 @@ from decoders.constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
 from decoders.sampling import ChainDecoder, add_chain_evidence, chain_picker, coupling_param
 from playground.core.errors import PlaygroundError
+from playground.core.models import load_model
 from playground.core.trace import Step, p_value, z_score  # the figures' one definition
 
 DEFAULT_KEY = 15485863  # transformers' default hashing key (the millionth prime)
@@ -358,8 +359,6 @@ def detect_ids(model: str, ids: Sequence[int], prompt_ids: Sequence[int] = (), g
 def _detect_with(model: str, ids: list[int] | None, prompt_ids: list[int] | None, text: str, prompt: str,
                  gamma: float, key: int, seeding: str, context_width: int, ignore_repeated_ngrams: bool,
                  z_threshold: float, load_kwargs: dict[str, Any]) -> dict[str, Any]:
-    from playground.core.models import load_model
-
     handle = load_model(model, **load_kwargs)
     if getattr(handle, "kind", "causal") != "causal":
         raise PlaygroundError(f"model {model!r} is not a causal LM; the watermark is an autoregressive one")
