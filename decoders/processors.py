@@ -79,7 +79,7 @@ class Processor:
     def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> "Processor":
         """The processor for the chain knobs ``k``; ``tokenizer``/``vocab_size`` for a rule that
         reads token texts (DRY's breakers)."""
-        return cls()
+        raise NotImplementedError
 
     def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
         raise NotImplementedError
