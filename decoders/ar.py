@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from decoders.base import Context, check_stop
+from decoders.constraint import Stage, stage_for
+from decoders.token_text import view_token
 from playground.core.errors import PlaygroundError
 from playground.core.models import crop_cache
 from playground.core.trace import Step
@@ -204,23 +206,6 @@ def watch_field(ctx: Context, raw_logits: torch.Tensor, final_probs: torch.Tenso
     return {"watch": watch_evidence(raw_logits, final_probs, ctx.watch)} if ctx.watch else {}
 
 
-def view_token(view: Any, token_id: int) -> str:
-    """Display text of one token, cached per tokenizer."""
-    tok = view.tokenizer
-    cache = getattr(tok, "_playground_token_cache", None)
-    if cache is None:
-        cache = {}
-        try:
-            tok._playground_token_cache = cache
-        except Exception:  # noqa: BLE001 - a tokenizer that refuses attributes just isn't cached
-            pass
-    s = cache.get(token_id)
-    if s is None:
-        s = tok.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        cache[token_id] = s
-    return s
-
-
 Picker = Callable[[torch.Tensor, int, list[int]], "tuple[torch.Tensor, int]"]
 
 
@@ -321,11 +306,8 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
     decoder.finish_reason = "length"
 
 
-def constraint_stage(ctx: Context) -> Any:
-    """The run's constraint stage (``decoders.guided._constraint.Stage``), or None when the
-    decoder has no constraint knob set."""
-    from decoders.guided._constraint import stage_for
-
+def constraint_stage(ctx: Context) -> Stage | None:
+    """The run's constraint stage, or None when the decoder has no constraint knob set."""
     return stage_for(ctx.target, ctx.params)
 
 

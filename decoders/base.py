@@ -12,11 +12,12 @@ import math
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 import torch
 
+from decoders.citation import Paper
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.trace import Step
 
@@ -24,10 +25,16 @@ from playground.core.trace import Step
 # ---------------------------------------------------------------------- parameter specs
 @dataclass(frozen=True)
 class Param:
-    """One knob: its default, allowed range or choices, and a one-line help text."""
+    """One knob: its default, allowed range or choices, and a one-line help text.
+
+    ``cross_check(decoder, knobs)`` (optional) checks this knob together with its siblings once
+    every knob is valid (the constraint stage refuses two grammars at once, say): a
+    :class:`Params` runs each distinct cross-check of its knobs once per validation.
+    """
 
     default: Any
     help: str = ""
+    cross_check: Callable[[str, dict[str, Any]], None] | None = None
     type: ClassVar[str] = "any"
 
     def check(self, name: str, value: Any) -> Any:
@@ -142,10 +149,12 @@ class Text(Param):
     items: tuple[str, ...] = ()
     type: ClassVar[str] = "str"
 
-    def __init__(self, default: str, help: str = "", items: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(self, default: str, help: str = "", items: tuple[str, ...] | list[str] = (),
+                 cross_check: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         object.__setattr__(self, "default", default)
         object.__setattr__(self, "help", help)
         object.__setattr__(self, "items", tuple(items))
+        object.__setattr__(self, "cross_check", cross_check)
 
     def check(self, name: str, value: Any) -> str:
         v = str(value)
@@ -173,9 +182,6 @@ def lens_param() -> Bool:
                        "gives through the final norm and LM head (no extra forward)")
 
 
-_GUIDED_KNOBS = ("regex", "json_schema", "grammar", "logit_bias", "bad_words", "token_healing")
-
-
 class Params(dict):
     """An ordered mapping knob name -> :class:`Param` (``Params(p=Float(...), ...)``)."""
 
@@ -194,11 +200,10 @@ class Params(dict):
                 known = ", ".join(self) or "none"
                 raise PlaygroundError(f"decoder {decoder!r} has no knob {k!r} (knobs: {known})")
             out[k] = self[k].check(k, v)
-        if any(k in self for k in _GUIDED_KNOBS):
-            # one place refuses bad combinations of constraint knobs, for every decoder that has them
-            from decoders.guided._constraint import check_knobs
-
-            check_knobs(decoder, out)
+        # each family of knobs refuses its bad combinations in one place (the constraint stage's
+        # knobs declare its check), for every decoder that has them
+        for check in dict.fromkeys(p.cross_check for p in self.values() if p.cross_check is not None):
+            check(decoder, out)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -281,6 +286,8 @@ class Decoder:
     kind: ClassVar[str] = "causal"
     params: ClassVar[Params] = Params()
     reference: ClassVar[str] = ""
+    # the linked sources behind the decoder (the catalogue links them; see decoders/citation.py)
+    papers: ClassVar[tuple[Paper, ...]] = ()
     description: ClassVar[str] = ""
     needs_draft: ClassVar[bool] = False
     lossless: ClassVar[bool] = False
@@ -390,18 +397,17 @@ def unregister(name: str) -> None:
 
 
 def get_decoder(name: str) -> type[Decoder]:
-    """The decoder class registered as ``name``, or a PlaygroundError naming the choices."""
-    import decoders  # noqa: F401 - importing the package registers every family
+    """The decoder class registered as ``name``, or a PlaygroundError naming the choices.
 
+    Every family is registered already: importing this module first ran ``decoders/__init__``,
+    which imports them all."""
     if name not in REGISTRY:
         raise PlaygroundError(f"unknown decoder {name!r}; try `playground list-decoders`")
     return REGISTRY[name]
 
 
 def all_decoders() -> list[type[Decoder]]:
-    """Every registered decoder, by family then name."""
-    import decoders  # noqa: F401
-
+    """Every registered decoder, by family then name (all families: see :func:`get_decoder`)."""
     return sorted(REGISTRY.values(), key=lambda c: (c.family, c.name))
 
 

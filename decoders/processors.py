@@ -5,6 +5,12 @@ filtered-out token gets ``-inf``). :func:`build_chain` turns a decoder's knobs a
 user's ``order`` into a :class:`Chain`, keeping only the processors whose knob is not
 neutral, in the order the user gave (like llama.cpp's sampler chain).
 
+A rule is one class: it declares its ``order`` item, its slot in the default order, its knobs
+(their defaults are the neutral values), when it acts and how it is built, and registers with
+:func:`rule`; the chain's knobs, its ``order`` items and its factory all come from the
+registered classes. A decoder takes the chain's knobs as they stand when its class is defined
+(``ChainParams(**chain_params(), ...)``), so a built-in rule lives here, before any of them.
+
 The rules follow their references and, where transformers implements the same rule,
 transformers' arithmetic (``transformers.generation.logits_process``), so that the
 filtered distributions agree exactly; ``tests/test_processors.py`` checks this.
@@ -19,7 +25,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from decoders.base import Float, Int, Params, PlaygroundError, Text
+from decoders.base import Float, Int, Param, Params, PlaygroundError, Text
 
 NEG_INF = float("-inf")
 
@@ -45,13 +51,35 @@ class History:
 
 
 class Processor:
-    """One rule of the chain. Subclasses set ``item`` (its name in ``order``) and ``__call__``."""
+    """One rule of the chain. Subclasses implement ``__call__`` and, to join the chain that
+    :func:`build_chain` builds from knobs, declare themselves in their class and register with
+    :func:`rule`:
+
+    - ``item``: its name in the ``order`` knob (the three penalties share ``penalties``);
+    - ``slot``: where its item stands in the default order (lower first);
+    - ``knobs``: the knobs it reads, name -> spec; each default is the knob's neutral value;
+    - :meth:`active`: whether knob values make it act (False at the neutral values);
+    - :meth:`from_knobs`: the processor those knob values build.
+    """
 
     item: ClassVar[str] = ""
     title: ClassVar[str] = ""  # the name in the trace, when it differs from ``item``
     # True for a rule that only removes tokens (each logit kept as it is or set to -inf): the
     # chain's evidence then knows the draw's winner survives unless the rule removed it
     masks: ClassVar[bool] = False
+    slot: ClassVar[int] = 0
+    knobs: ClassVar[dict[str, Param]] = {}
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        """Whether the chain knobs ``k`` (every one present) make this rule act."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> "Processor":
+        """The processor for the chain knobs ``k``; ``tokenizer``/``vocab_size`` for a rule that
+        reads token texts (DRY's breakers)."""
+        raise NotImplementedError
 
     def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
         raise NotImplementedError
@@ -76,11 +104,387 @@ def _keep_max(logits: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
     return remove & (logits < logits.max())
 
 
+# ---------------------------------------------------------------------- the rules' registry
+# Every rule of the chain, in the order registered (the order of the knobs in a decoder's
+# controls); their ``slot`` orders the chain.
+RULES: list[type[Processor]] = []
+
+
+def rule(cls: type[Processor]) -> type[Processor]:
+    """Class decorator: add a rule to the chain (its item to ``order``, its knobs to
+    :func:`chain_params`). A ValueError if its item or a knob is taken by another rule."""
+    if not cls.item or cls.item == "order":
+        raise ValueError(f"{cls.__name__} needs an item name (not 'order')")
+    if cls in RULES:
+        return cls
+    for other in RULES:
+        if other.item == cls.item and other.slot != cls.slot:
+            raise ValueError(f"rules of item {cls.item!r} must share its slot ({other.slot}), {cls.__name__} says {cls.slot}")
+        if other.item != cls.item and other.slot == cls.slot:
+            raise ValueError(f"slot {cls.slot} is item {other.item!r}'s; give {cls.__name__} a slot of its own")
+        taken = set(other.knobs) & set(cls.knobs)
+        if taken:
+            raise ValueError(f"knob(s) {', '.join(sorted(taken))} of {cls.__name__} belong to {other.__name__}")
+    if "order" in cls.knobs:
+        raise ValueError(f"{cls.__name__} may not declare the 'order' knob")
+    RULES.append(cls)
+    return cls
+
+
+def forget_rule(cls: type[Processor]) -> None:
+    """Remove a registered rule (for tests that register one of their own)."""
+    if cls in RULES:
+        RULES.remove(cls)
+
+
+def order_items() -> tuple[str, ...]:
+    """The ``order`` items of the registered rules, in their default order (by slot)."""
+    items = {r.item: r.slot for r in RULES}
+    return tuple(sorted(items, key=items.__getitem__))
+
+
+def default_order() -> str:
+    """The default value of the ``order`` knob: every item, by slot."""
+    return ",".join(order_items())
+
+
+# ---------------------------------------------------------------------- truncation & shape
+# The rules register in this module's order, the order of their knobs in a decoder's controls
+# (temperature and truncation first, then the penalties); ``slot`` orders the chain.
+@rule
+class Temperature(Processor):
+    """Divide the logits by ``t``; ``t = 0`` keeps only the argmax (greedy, lowest id on ties)."""
+
+    item = "temperature"
+    slot = 120
+    knobs = dict(temperature=Float(1.0, 0.0, 10.0, "divide logits by this; 0 = greedy (argmax)"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["temperature"] != 1.0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["temperature"])
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        if self.t == 0:
+            keep = torch.zeros_like(logits, dtype=torch.bool)
+            keep[int(torch.argmax(logits))] = True
+            return _masked(logits, ~keep)
+        out = logits / self.t
+        live = torch.isfinite(logits)
+        if bool((~torch.isfinite(out) & live).any()):
+            # A tiny t overflows float32 (or is 0 in it); shifting by the max in float64 is the
+            # same softmax and keeps the top token at 0 (the rest may go to -inf, as they should).
+            shifted = (logits.double() - float(logits[live].max())) / self.t
+            out = shifted.nan_to_num(nan=NEG_INF, neginf=NEG_INF).float()
+        return out
+
+
+@rule
+class TopK(Processor):
+    """Keep the ``k`` most probable tokens (ties with the k-th are kept, as transformers)."""
+
+    item = "top_k"
+    masks = True
+    slot = 50
+    knobs = dict(top_k=Int(0, 0, 1_000_000, "keep the k most probable tokens; 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["top_k"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["top_k"])
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        k = min(self.k, logits.numel())
+        kth = torch.topk(logits, k).values[-1]
+        return _masked(logits, logits < kth)
+
+
+@rule
+class TopP(Processor):
+    """Nucleus sampling (Holtzman et al. 2020): the smallest top set with mass >= ``p``.
+
+    Computed as transformers does: sort ascending, drop the tokens whose cumulative mass
+    stays within ``1 - p``; the top token always survives.
+    """
+
+    item = "top_p"
+    masks = True
+    slot = 70
+    knobs = dict(top_p=Float(1.0, 0.0, 1.0, "nucleus: smallest top set with this much mass; 1 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["top_p"] < 1.0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["top_p"])
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        sorted_logits, order = torch.sort(logits, descending=False)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= (1 - self.p)
+        drop_sorted[-1] = False
+        remove = drop_sorted.scatter(0, order, drop_sorted)
+        return _masked(logits, remove)
+
+
+@rule
+class MinP(Processor):
+    """Min-p (Nguyen et al. 2024): keep tokens with probability >= ``p`` times the top one's."""
+
+    item = "min_p"
+    masks = True
+    slot = 80
+    knobs = dict(min_p=Float(0.0, 0.0, 1.0, "keep tokens with p >= min_p * p(top); 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["min_p"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["min_p"])
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        remove = probs < self.p * probs.max()
+        remove[int(torch.argmax(probs))] = False
+        return _masked(logits, remove)
+
+
+@rule
+class Typical(Processor):
+    """Locally typical sampling (Meister et al. 2023).
+
+    Rank tokens by how far their surprisal ``-log p`` is from the entropy ``H``; keep the
+    most typical ones until their mass reaches ``p`` (transformers' cut-off rule).
+    """
+
+    item = "typical"
+    masks = True
+    slot = 60
+    knobs = dict(typical_p=Float(1.0, 0.0, 1.0, "locally typical: keep this much mass of the most typical tokens; 1 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["typical_p"] < 1.0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["typical_p"])
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        logp = torch.log_softmax(logits, -1)
+        ent = -(logp * logp.exp()).nansum()
+        shifted = torch.abs(-logp - ent)
+        sorted_shift, order = torch.sort(shifted, descending=False)
+        cum = logits.gather(0, order).softmax(-1).cumsum(-1)
+        last = min(int((cum < self.p).sum()), sorted_shift.numel() - 1)
+        drop_sorted = sorted_shift > sorted_shift[last]
+        drop_sorted[0] = False
+        remove = drop_sorted.scatter(0, order, drop_sorted)
+        return _masked(logits, remove)
+
+
+@rule
+class Epsilon(Processor):
+    """Epsilon sampling (Hewitt et al. 2022): drop tokens with probability below ``epsilon``."""
+
+    item = "epsilon"
+    masks = True
+    slot = 90
+    knobs = dict(epsilon=Float(0.0, 0.0, 1.0, "epsilon sampling: drop tokens with p < epsilon; 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["epsilon"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["epsilon"])
+
+    def __init__(self, epsilon: float) -> None:
+        self.epsilon = epsilon
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        return _masked(logits, _keep_max(logits, logits.softmax(-1) < self.epsilon))
+
+
+@rule
+class Eta(Processor):
+    """Eta sampling (Hewitt et al. 2022): drop tokens below ``min(eps, sqrt(eps)*exp(-H))``."""
+
+    item = "eta"
+    masks = True
+    slot = 100
+    knobs = dict(eta=Float(0.0, 0.0, 1.0, "eta sampling: drop p < min(eta, sqrt(eta) e^-H); 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["eta"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["eta"])
+
+    def __init__(self, epsilon: float) -> None:
+        self.epsilon = epsilon
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        logp = torch.log_softmax(logits, -1)
+        ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum()
+        eps = torch.tensor(self.epsilon, dtype=logits.dtype)
+        eta = torch.minimum(eps, torch.sqrt(eps) * torch.exp(-ent))
+        return _masked(logits, _keep_max(logits, probs < eta))
+
+
+@rule
+class TopNSigma(Processor):
+    """Top-nσ (Tang et al. 2024): keep tokens whose logit is within ``n`` standard deviations
+    of the maximum (σ over the finite logits, population form, as llama.cpp)."""
+
+    item = "top_n_sigma"
+    masks = True
+    slot = 40
+    knobs = dict(top_n_sigma=Float(0.0, 0.0, 20.0, "keep logits >= max - n * std(logits); 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["top_n_sigma"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["top_n_sigma"])
+
+    def __init__(self, n: float) -> None:
+        self.n = n
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        finite = logits[torch.isfinite(logits)]
+        if finite.numel() == 0:
+            return logits
+        sigma = finite.std(correction=0) if finite.numel() > 1 else finite.new_tensor(0.0)
+        return _masked(logits, logits < finite.max() - self.n * sigma)
+
+
+@rule
+class XTC(Processor):
+    """Exclude Top Choices (p-e-w, text-generation-webui / llama.cpp).
+
+    With probability ``probability`` (the coin is the run's common random number
+    ``uniform(pos, "xtc")``), when at least two *live* tokens (not removed by an earlier
+    rule) have probability >= ``threshold``, remove all of them except the least probable
+    one. A removed token (probability 0) is never a top choice, even at threshold 0, as in
+    llama.cpp whose earlier samplers drop removed tokens from the candidate list; so XTC
+    always leaves at least one token. Simplification: webui's special case that never
+    removes newline/EOS is not applied (llama.cpp does not apply it either).
+    """
+
+    item = "xtc"
+    masks = True
+    slot = 110
+    knobs = dict(xtc_threshold=Float(0.1, 0.0, 1.0, "XTC: tokens at or above this probability are 'top choices'"),
+                 xtc_probability=Float(0.0, 0.0, 1.0, "XTC: chance per step to exclude all top choices but the least; 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["xtc_probability"] > 0 and k["xtc_threshold"] <= 0.5
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["xtc_threshold"], k["xtc_probability"])
+
+    def __init__(self, threshold: float, probability: float) -> None:
+        self.threshold, self.probability = threshold, probability
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        if h.uniform(h.pos, "xtc") >= self.probability:
+            return logits
+        live = torch.isfinite(logits)
+        probs = logits.softmax(-1)
+        above = int((live & (probs >= self.threshold)).sum())
+        if above < 2:
+            return logits
+        # Descending logits put removed tokens (-inf) last, behind live tokens whose
+        # probability underflowed to 0, so the first ``above`` are exactly the top choices.
+        order = torch.argsort(logits, descending=True, stable=True)
+        remove = torch.zeros_like(logits, dtype=torch.bool)
+        remove[order[: above - 1]] = True
+        return _masked(logits, remove)
+
+
+@rule
+class Mirostat(Processor):
+    """Mirostat 2.0 (Basu et al. 2021), as llama.cpp implements it.
+
+    Keeps the tokens whose surprise ``-log2 p`` is at most ``mu`` (at least the top one);
+    after each draw, ``mu -= eta * (surprise_of_drawn_token - tau)`` with the surprise
+    measured on the final distribution the token was drawn from. ``mu`` starts at ``2 tau``.
+    """
+
+    item = "mirostat"
+    masks = True
+    slot = 130
+    knobs = dict(mirostat_tau=Float(0.0, 0.0, 20.0, "mirostat v2 target surprise in bits; 0 = off"),
+                 mirostat_eta=Float(0.1, 0.0, 1.0, "mirostat v2 learning rate"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["mirostat_tau"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["mirostat_tau"], k["mirostat_eta"])
+
+    def __init__(self, tau: float, eta: float) -> None:
+        self.tau, self.eta = tau, eta
+        self.mu = 2.0 * tau
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        remove = -torch.log2(probs) > self.mu
+        remove[int(torch.argmax(probs))] = False
+        return _masked(logits, remove)
+
+    def observe(self, token: int, final_probs: torch.Tensor) -> None:
+        p = float(final_probs[token])
+        surprise = -math.log2(p) if p > 0 else 64.0
+        self.mu -= self.eta * (surprise - self.tau)
+
+    @property
+    def label(self) -> str:
+        return f"mirostat(tau={self.tau:g}, eta={self.eta:g}, mu={self.mu:.3f})"
+
+
 # ---------------------------------------------------------------------- penalties
 def _window(h: History, last_n: int) -> Sequence[int]:
     return h.ids[-last_n:] if last_n > 0 else h.ids
 
 
+@rule
 class RepetitionPenalty(Processor):
     """CTRL's repetition penalty (Keskar et al. 2019) as transformers applies it.
 
@@ -90,6 +494,16 @@ class RepetitionPenalty(Processor):
 
     item = "penalties"
     title = "repetition_penalty"
+    slot = 10
+    knobs = dict(repetition_penalty=Float(1.0, 0.05, 10.0, "CTRL penalty on tokens in the context; 1 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["repetition_penalty"] != 1.0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["repetition_penalty"], k["penalty_last_n"])
 
     def __init__(self, penalty: float, last_n: int = 0) -> None:
         self.penalty, self.last_n = penalty, last_n
@@ -119,11 +533,22 @@ def _counts(h: History, last_n: int, size: int) -> torch.Tensor:
     return c
 
 
+@rule
 class PresencePenalty(Processor):
     """OpenAI's presence penalty: subtract ``alpha`` once from every token generated before."""
 
     item = "penalties"
     title = "presence_penalty"
+    slot = 10
+    knobs = dict(presence_penalty=Float(0.0, -2.0, 2.0, "subtract once from every generated token; 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["presence_penalty"] != 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["presence_penalty"], k["penalty_last_n"])
 
     def __init__(self, alpha: float, last_n: int = 0) -> None:
         self.alpha, self.last_n = alpha, last_n
@@ -133,11 +558,24 @@ class PresencePenalty(Processor):
         return logits - self.alpha * (c > 0).float()
 
 
+@rule
 class FrequencyPenalty(Processor):
     """OpenAI's frequency penalty: subtract ``alpha`` times the token's generated count."""
 
     item = "penalties"
     title = "frequency_penalty"
+    slot = 10
+    # penalty_last_n, read by all three penalties, is declared once: by the last, which lists it after them
+    knobs = dict(frequency_penalty=Float(0.0, -2.0, 2.0, "subtract per occurrence of a generated token; 0 = off"),
+                 penalty_last_n=Int(0, 0, 1_000_000, "penalties look at the last n tokens only; 0 = all"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["frequency_penalty"] != 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["frequency_penalty"], k["penalty_last_n"])
 
     def __init__(self, alpha: float, last_n: int = 0) -> None:
         self.alpha, self.last_n = alpha, last_n
@@ -146,11 +584,22 @@ class FrequencyPenalty(Processor):
         return logits - self.alpha * _counts(h, self.last_n, logits.numel())
 
 
+@rule
 class NoRepeatNGram(Processor):
     """Ban every token that would complete an n-gram already present in the context."""
 
     item = "no_repeat_ngram"
     masks = True
+    slot = 30
+    knobs = dict(no_repeat_ngram_size=Int(0, 0, 64, "never repeat an n-gram of this size; 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["no_repeat_ngram_size"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["no_repeat_ngram_size"])
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -201,6 +650,7 @@ class Breakers:
 
 _BREAKER_CACHE: dict[tuple[int, int, tuple[str, ...]], Breakers] = {}
 MAX_BREAKER_CHARS, MAX_BREAKER_TAIL = 40, 20  # llama.cpp's caps
+DEFAULT_BREAKERS = '"\\n", ":", "\\"", "*"'
 
 
 def breaker_sequences(tokenizer: Any, breakers: Sequence[str], vocab_size: int) -> Breakers:
@@ -239,6 +689,7 @@ def breaker_sequences(tokenizer: Any, breakers: Sequence[str], vocab_size: int) 
     return hit
 
 
+@rule
 class DRY(Processor):
     """DRY, "Don't Repeat Yourself" (p-e-w; text-generation-webui and llama.cpp).
 
@@ -255,7 +706,24 @@ class DRY(Processor):
     """
 
     item = "dry"
+    slot = 20
+    knobs = dict(
+        dry_multiplier=Float(0.0, 0.0, 10.0, "DRY penalty strength; 0 = off"),
+        dry_base=Float(1.75, 1.0, 10.0, "DRY: penalty grows as base^(match - allowed_length)"),
+        dry_allowed_length=Int(2, 1, 64, "DRY: repeats up to this length are free"),
+        dry_sequence_breakers=Text(DEFAULT_BREAKERS, "DRY: JSON strings that break a match, comma-separated"),
+    )
     MAX_MATCH = 50
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["dry_multiplier"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        brk = breaker_sequences(tokenizer, parse_breakers(k["dry_sequence_breakers"]), vocab_size) \
+            if tokenizer is not None else Breakers()
+        return cls(k["dry_multiplier"], k["dry_base"], k["dry_allowed_length"], brk)
 
     def __init__(self, multiplier: float, base: float, allowed_length: int,
                  breakers: frozenset[int] | Breakers = frozenset()) -> None:
@@ -299,260 +767,21 @@ class DRY(Processor):
         return out
 
 
-# ---------------------------------------------------------------------- truncation & shape
-class Temperature(Processor):
-    """Divide the logits by ``t``; ``t = 0`` keeps only the argmax (greedy, lowest id on ties)."""
-
-    item = "temperature"
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        if self.t == 0:
-            keep = torch.zeros_like(logits, dtype=torch.bool)
-            keep[int(torch.argmax(logits))] = True
-            return _masked(logits, ~keep)
-        out = logits / self.t
-        live = torch.isfinite(logits)
-        if bool((~torch.isfinite(out) & live).any()):
-            # A tiny t overflows float32 (or is 0 in it); shifting by the max in float64 is the
-            # same softmax and keeps the top token at 0 (the rest may go to -inf, as they should).
-            shifted = (logits.double() - float(logits[live].max())) / self.t
-            out = shifted.nan_to_num(nan=NEG_INF, neginf=NEG_INF).float()
-        return out
-
-
-class TopK(Processor):
-    """Keep the ``k`` most probable tokens (ties with the k-th are kept, as transformers)."""
-
-    item = "top_k"
-    masks = True
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        k = min(self.k, logits.numel())
-        kth = torch.topk(logits, k).values[-1]
-        return _masked(logits, logits < kth)
-
-
-class TopP(Processor):
-    """Nucleus sampling (Holtzman et al. 2020): the smallest top set with mass >= ``p``.
-
-    Computed as transformers does: sort ascending, drop the tokens whose cumulative mass
-    stays within ``1 - p``; the top token always survives.
-    """
-
-    item = "top_p"
-    masks = True
-
-    def __init__(self, p: float) -> None:
-        self.p = p
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        sorted_logits, order = torch.sort(logits, descending=False)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum <= (1 - self.p)
-        drop_sorted[-1] = False
-        remove = drop_sorted.scatter(0, order, drop_sorted)
-        return _masked(logits, remove)
-
-
-class MinP(Processor):
-    """Min-p (Nguyen et al. 2024): keep tokens with probability >= ``p`` times the top one's."""
-
-    item = "min_p"
-    masks = True
-
-    def __init__(self, p: float) -> None:
-        self.p = p
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        probs = logits.softmax(-1)
-        remove = probs < self.p * probs.max()
-        remove[int(torch.argmax(probs))] = False
-        return _masked(logits, remove)
-
-
-class Typical(Processor):
-    """Locally typical sampling (Meister et al. 2023).
-
-    Rank tokens by how far their surprisal ``-log p`` is from the entropy ``H``; keep the
-    most typical ones until their mass reaches ``p`` (transformers' cut-off rule).
-    """
-
-    item = "typical"
-    masks = True
-
-    def __init__(self, p: float) -> None:
-        self.p = p
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        logp = torch.log_softmax(logits, -1)
-        ent = -(logp * logp.exp()).nansum()
-        shifted = torch.abs(-logp - ent)
-        sorted_shift, order = torch.sort(shifted, descending=False)
-        cum = logits.gather(0, order).softmax(-1).cumsum(-1)
-        last = min(int((cum < self.p).sum()), sorted_shift.numel() - 1)
-        drop_sorted = sorted_shift > sorted_shift[last]
-        drop_sorted[0] = False
-        remove = drop_sorted.scatter(0, order, drop_sorted)
-        return _masked(logits, remove)
-
-
-class Epsilon(Processor):
-    """Epsilon sampling (Hewitt et al. 2022): drop tokens with probability below ``epsilon``."""
-
-    item = "epsilon"
-    masks = True
-
-    def __init__(self, epsilon: float) -> None:
-        self.epsilon = epsilon
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        return _masked(logits, _keep_max(logits, logits.softmax(-1) < self.epsilon))
-
-
-class Eta(Processor):
-    """Eta sampling (Hewitt et al. 2022): drop tokens below ``min(eps, sqrt(eps)*exp(-H))``."""
-
-    item = "eta"
-    masks = True
-
-    def __init__(self, epsilon: float) -> None:
-        self.epsilon = epsilon
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        probs = logits.softmax(-1)
-        logp = torch.log_softmax(logits, -1)
-        ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum()
-        eps = torch.tensor(self.epsilon, dtype=logits.dtype)
-        eta = torch.minimum(eps, torch.sqrt(eps) * torch.exp(-ent))
-        return _masked(logits, _keep_max(logits, probs < eta))
-
-
-class TopNSigma(Processor):
-    """Top-nσ (Tang et al. 2024): keep tokens whose logit is within ``n`` standard deviations
-    of the maximum (σ over the finite logits, population form, as llama.cpp)."""
-
-    item = "top_n_sigma"
-    masks = True
-
-    def __init__(self, n: float) -> None:
-        self.n = n
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        finite = logits[torch.isfinite(logits)]
-        if finite.numel() == 0:
-            return logits
-        sigma = finite.std(correction=0) if finite.numel() > 1 else finite.new_tensor(0.0)
-        return _masked(logits, logits < finite.max() - self.n * sigma)
-
-
-class XTC(Processor):
-    """Exclude Top Choices (p-e-w, text-generation-webui / llama.cpp).
-
-    With probability ``probability`` (the coin is the run's common random number
-    ``uniform(pos, "xtc")``), when at least two *live* tokens (not removed by an earlier
-    rule) have probability >= ``threshold``, remove all of them except the least probable
-    one. A removed token (probability 0) is never a top choice, even at threshold 0, as in
-    llama.cpp whose earlier samplers drop removed tokens from the candidate list; so XTC
-    always leaves at least one token. Simplification: webui's special case that never
-    removes newline/EOS is not applied (llama.cpp does not apply it either).
-    """
-
-    item = "xtc"
-    masks = True
-
-    def __init__(self, threshold: float, probability: float) -> None:
-        self.threshold, self.probability = threshold, probability
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        if h.uniform(h.pos, "xtc") >= self.probability:
-            return logits
-        live = torch.isfinite(logits)
-        probs = logits.softmax(-1)
-        above = int((live & (probs >= self.threshold)).sum())
-        if above < 2:
-            return logits
-        # Descending logits put removed tokens (-inf) last, behind live tokens whose
-        # probability underflowed to 0, so the first ``above`` are exactly the top choices.
-        order = torch.argsort(logits, descending=True, stable=True)
-        remove = torch.zeros_like(logits, dtype=torch.bool)
-        remove[order[: above - 1]] = True
-        return _masked(logits, remove)
-
-
-class Mirostat(Processor):
-    """Mirostat 2.0 (Basu et al. 2021), as llama.cpp implements it.
-
-    Keeps the tokens whose surprise ``-log2 p`` is at most ``mu`` (at least the top one);
-    after each draw, ``mu -= eta * (surprise_of_drawn_token - tau)`` with the surprise
-    measured on the final distribution the token was drawn from. ``mu`` starts at ``2 tau``.
-    """
-
-    item = "mirostat"
-    masks = True
-
-    def __init__(self, tau: float, eta: float) -> None:
-        self.tau, self.eta = tau, eta
-        self.mu = 2.0 * tau
-
-    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
-        probs = logits.softmax(-1)
-        remove = -torch.log2(probs) > self.mu
-        remove[int(torch.argmax(probs))] = False
-        return _masked(logits, remove)
-
-    def observe(self, token: int, final_probs: torch.Tensor) -> None:
-        p = float(final_probs[token])
-        surprise = -math.log2(p) if p > 0 else 64.0
-        self.mu -= self.eta * (surprise - self.tau)
-
-    @property
-    def label(self) -> str:
-        return f"mirostat(tau={self.tau:g}, eta={self.eta:g}, mu={self.mu:.3f})"
-
-
 # ---------------------------------------------------------------------- chain
-ORDER_ITEMS = ("penalties", "dry", "no_repeat_ngram", "top_n_sigma", "top_k", "typical",
-               "top_p", "min_p", "epsilon", "eta", "xtc", "temperature", "mirostat")
-DEFAULT_ORDER = ",".join(ORDER_ITEMS)
-DEFAULT_BREAKERS = '"\\n", ":", "\\"", "*"'
+def chain_params() -> dict[str, Param]:
+    """The knob specs of the whole chain, as the registered rules declare them, then ``order``
+    (the ``sample`` decoder exposes all of them)."""
+    specs: dict[str, Param] = {}
+    for r in RULES:
+        specs.update(r.knobs)
+    specs["order"] = Text(default_order(), "order of the chain (comma list); penalties first by default",
+                          items=order_items())
+    return specs
 
 
-def chain_params() -> dict[str, Any]:
-    """The knob specs of the whole chain (the ``sample`` decoder exposes all of them)."""
-    return dict(
-        temperature=Float(1.0, 0.0, 10.0, "divide logits by this; 0 = greedy (argmax)"),
-        top_k=Int(0, 0, 1_000_000, "keep the k most probable tokens; 0 = off"),
-        top_p=Float(1.0, 0.0, 1.0, "nucleus: smallest top set with this much mass; 1 = off"),
-        min_p=Float(0.0, 0.0, 1.0, "keep tokens with p >= min_p * p(top); 0 = off"),
-        typical_p=Float(1.0, 0.0, 1.0, "locally typical: keep this much mass of the most typical tokens; 1 = off"),
-        epsilon=Float(0.0, 0.0, 1.0, "epsilon sampling: drop tokens with p < epsilon; 0 = off"),
-        eta=Float(0.0, 0.0, 1.0, "eta sampling: drop p < min(eta, sqrt(eta) e^-H); 0 = off"),
-        top_n_sigma=Float(0.0, 0.0, 20.0, "keep logits >= max - n * std(logits); 0 = off"),
-        xtc_threshold=Float(0.1, 0.0, 1.0, "XTC: tokens at or above this probability are 'top choices'"),
-        xtc_probability=Float(0.0, 0.0, 1.0, "XTC: chance per step to exclude all top choices but the least; 0 = off"),
-        mirostat_tau=Float(0.0, 0.0, 20.0, "mirostat v2 target surprise in bits; 0 = off"),
-        mirostat_eta=Float(0.1, 0.0, 1.0, "mirostat v2 learning rate"),
-        repetition_penalty=Float(1.0, 0.05, 10.0, "CTRL penalty on tokens in the context; 1 = off"),
-        presence_penalty=Float(0.0, -2.0, 2.0, "subtract once from every generated token; 0 = off"),
-        frequency_penalty=Float(0.0, -2.0, 2.0, "subtract per occurrence of a generated token; 0 = off"),
-        penalty_last_n=Int(0, 0, 1_000_000, "penalties look at the last n tokens only; 0 = all"),
-        no_repeat_ngram_size=Int(0, 0, 64, "never repeat an n-gram of this size; 0 = off"),
-        dry_multiplier=Float(0.0, 0.0, 10.0, "DRY penalty strength; 0 = off"),
-        dry_base=Float(1.75, 1.0, 10.0, "DRY: penalty grows as base^(match - allowed_length)"),
-        dry_allowed_length=Int(2, 1, 64, "DRY: repeats up to this length are free"),
-        dry_sequence_breakers=Text(DEFAULT_BREAKERS, "DRY: JSON strings that break a match, comma-separated"),
-        order=Text(DEFAULT_ORDER, "order of the chain (comma list); penalties first by default",
-                   items=ORDER_ITEMS),
-    )
-
-
-CHAIN_DEFAULTS: dict[str, Any] = {k: p.default for k, p in chain_params().items()}
+def chain_defaults() -> dict[str, Any]:
+    """Every chain knob at its default (the rules' neutral values, the default order)."""
+    return {k: p.default for k, p in chain_params().items()}
 
 
 def parse_breakers(text: str) -> list[str]:
@@ -571,29 +800,15 @@ def parse_breakers(text: str) -> list[str]:
 
 
 def active_items(knobs: dict[str, Any]) -> list[str]:
-    """The order items whose knobs are not neutral (these make up the chain)."""
-    k = {**CHAIN_DEFAULTS, **knobs}
-    on = {
-        "penalties": k["repetition_penalty"] != 1.0 or k["presence_penalty"] != 0 or k["frequency_penalty"] != 0,
-        "dry": k["dry_multiplier"] > 0,
-        "no_repeat_ngram": k["no_repeat_ngram_size"] > 0,
-        "top_n_sigma": k["top_n_sigma"] > 0,
-        "top_k": k["top_k"] > 0,
-        "typical": k["typical_p"] < 1.0,
-        "top_p": k["top_p"] < 1.0,
-        "min_p": k["min_p"] > 0,
-        "epsilon": k["epsilon"] > 0,
-        "eta": k["eta"] > 0,
-        "xtc": k["xtc_probability"] > 0 and k["xtc_threshold"] <= 0.5,
-        "temperature": k["temperature"] != 1.0,
-        "mirostat": k["mirostat_tau"] > 0,
-    }
-    return [item for item in ORDER_ITEMS if on[item]]
+    """The order items whose knobs are not neutral (these make up the chain), in default order."""
+    k = {**chain_defaults(), **knobs}
+    on = {r.item for r in RULES if r.active(k)}
+    return [item for item in order_items() if item in on]
 
 
 def check_chain(decoder: str, knobs: dict[str, Any]) -> None:
     """Cross-knob checks: every active rule must appear in ``order``; breakers must parse."""
-    order = [s for s in str(knobs.get("order", DEFAULT_ORDER)).split(",") if s]
+    order = [s for s in str(knobs.get("order", default_order())).split(",") if s]
     missing = [item for item in active_items(knobs) if item not in order]
     if missing:
         raise PlaygroundError(f"decoder {decoder!r}: knob(s) for {', '.join(missing)} are set "
@@ -913,56 +1128,23 @@ class Chain:
         return [p.label for p in self.processors]
 
 
-def _make(item: str, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> list[Processor]:
-    if item == "penalties":
-        out: list[Processor] = []
-        if k["repetition_penalty"] != 1.0:
-            out.append(RepetitionPenalty(k["repetition_penalty"], k["penalty_last_n"]))
-        if k["presence_penalty"] != 0:
-            out.append(PresencePenalty(k["presence_penalty"], k["penalty_last_n"]))
-        if k["frequency_penalty"] != 0:
-            out.append(FrequencyPenalty(k["frequency_penalty"], k["penalty_last_n"]))
-        return out
-    if item == "dry":
-        brk = breaker_sequences(tokenizer, parse_breakers(k["dry_sequence_breakers"]), vocab_size) \
-            if tokenizer is not None else Breakers()
-        return [DRY(k["dry_multiplier"], k["dry_base"], k["dry_allowed_length"], brk)]
-    simple: dict[str, Callable[[], Processor]] = {
-        "no_repeat_ngram": lambda: NoRepeatNGram(k["no_repeat_ngram_size"]),
-        "top_n_sigma": lambda: TopNSigma(k["top_n_sigma"]),
-        "top_k": lambda: TopK(k["top_k"]),
-        "typical": lambda: Typical(k["typical_p"]),
-        "top_p": lambda: TopP(k["top_p"]),
-        "min_p": lambda: MinP(k["min_p"]),
-        "epsilon": lambda: Epsilon(k["epsilon"]),
-        "eta": lambda: Eta(k["eta"]),
-        "xtc": lambda: XTC(k["xtc_threshold"], k["xtc_probability"]),
-        "temperature": lambda: Temperature(k["temperature"]),
-        "mirostat": lambda: Mirostat(k["mirostat_tau"], k["mirostat_eta"]),
-    }
-    return [simple[item]()]
-
-
 def build_chain(knobs: dict[str, Any], tokenizer: Any = None, vocab_size: int = 0) -> Chain:
     """The chain for these knobs (missing knobs are neutral), in the order of ``order``.
 
     ``tokenizer``/``vocab_size`` are needed only by DRY (to find the breaker tokens).
     """
-    k = {**CHAIN_DEFAULTS, **knobs}
+    k = {**chain_defaults(), **knobs}
     check_chain("sample", k)
-    active = set(active_items(k))
     order = [s for s in str(k["order"]).split(",") if s]
-    procs: list[Processor] = []
-    for item in order:
-        if item in active:
-            procs.extend(_make(item, k, tokenizer, vocab_size))
+    # an item's rules in the order registered (repetition, presence, then frequency penalty)
+    procs = [r.from_knobs(k, tokenizer, vocab_size) for item in order for r in RULES if r.item == item and r.active(k)]
     return Chain(procs)
 
 
 __all__ = [
-    "Breakers", "CHAIN_DEFAULTS", "Chain", "ChainParams", "DEFAULT_ORDER", "DRY", "Epsilon", "Eta",
-    "FrequencyPenalty", "History", "MinP", "Mirostat", "NoRepeatNGram", "ORDER_ITEMS",
-    "PresencePenalty", "Processor", "RepetitionPenalty", "STAGE_TOP", "Temperature", "TopK", "TopNSigma",
-    "TopP", "Typical", "XTC", "active_items", "breaker_sequences", "build_chain", "chain_params",
-    "check_chain", "gumbel_pick", "stage_cut",
+    "Breakers", "Chain", "ChainParams", "DRY", "Epsilon", "Eta", "FrequencyPenalty", "History", "MinP",
+    "Mirostat", "NoRepeatNGram", "PresencePenalty", "Processor", "RULES", "RepetitionPenalty", "STAGE_TOP",
+    "Temperature", "TopK", "TopNSigma", "TopP", "Typical", "XTC", "active_items", "breaker_sequences",
+    "build_chain", "chain_defaults", "chain_params", "check_chain", "default_order", "forget_rule",
+    "gumbel_pick", "order_items", "rule", "stage_cut",
 ]

@@ -20,10 +20,16 @@ import torch
 
 from decoders.ar import COUPLINGS, Picker, draw, greedy_probs, token_loop
 from decoders.base import Choice, Context, Decoder, Float, Int, Param, Params, declare_family, lens_param, register
-from decoders.guided._constraint import constraint_params
-from decoders.processors import (CHAIN_DEFAULTS, Chain, ChainParams, History, active_items,
-                                 build_chain, chain_params, check_chain)
+from decoders.citation import Paper, arxiv
+from decoders.constraint import constraint_params
+from decoders.processors import (EMPTIED_NOTE, Chain, ChainParams, History, active_items, build_chain,
+                                 chain_defaults, chain_params, check_chain)
 from playground.core.trace import Step
+
+# sources cited by more than one decoder here, named once so they cannot drift apart
+_HOLTZMAN = arxiv("Holtzman et al. 2020, The Curious Case of Neural Text Degeneration (ICLR)", "1904.09751")
+_HEWITT = arxiv("Hewitt et al. 2022, Truncation Sampling as Language Model Desmoothing "
+                "(Findings of EMNLP)", "2210.15191")
 
 
 declare_family(
@@ -58,6 +64,11 @@ class Greedy(Decoder):
     kind = "causal"
     params = Params(logit_lens=lens_param(), **constraint_params(healing=True))
     reference = "Argmax decoding (the temperature-0 limit of sampling)"
+    papers = (
+        Paper("Greedy (argmax) decoding, the temperature-0 limit of sampling; see transformers' generation "
+              "strategies",
+              "https://huggingface.co/docs/transformers/generation_strategies"),
+    )
     lossless = True
 
     def run(self, ctx: Context) -> Iterator[Step]:
@@ -97,6 +108,17 @@ def chain_picker(ctx: Context, chain: Chain, stages_out: list[list[dict[str, Any
     return pick
 
 
+def add_chain_evidence(step: Step, stages: list[dict[str, Any]]) -> Step:
+    """``step`` with the chain's ``stages`` in its ``chain`` evidence, after the constraint's
+    (token_loop's, which act before the chain), and a ``dist`` note naming the rules that
+    removed every token."""
+    step.evidence["chain"] = step.evidence.get("chain", []) + stages
+    emptied = [st["stage"] for st in stages if st.get("emptied")]
+    if emptied:
+        step.evidence["dist"]["note"] = f"{', '.join(emptied)} {EMPTIED_NOTE}"
+    return step
+
+
 class ChainDecoder(Decoder):
     """A causal sampler defined by a processor chain built from chain knobs."""
 
@@ -105,7 +127,7 @@ class ChainDecoder(Decoder):
 
     def chain_knobs(self, params: dict[str, Any]) -> dict[str, Any]:
         """The full set of chain knobs these decoder knobs stand for."""
-        return {**CHAIN_DEFAULTS, **params}
+        return {**chain_defaults(), **params}
 
     def run(self, ctx: Context) -> Iterator[Step]:
         knobs = self.chain_knobs(ctx.params)
@@ -113,13 +135,7 @@ class ChainDecoder(Decoder):
         self.extra_stats["chain"] = chain.labels
         stages: list[list[dict[str, Any]]] = [[]]
         for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
-            # the constraint's stages (token_loop's, before the chain) come first
-            step.evidence["chain"] = step.evidence.get("chain", []) + stages[0]
-            emptied = [st["stage"] for st in stages[0] if st.get("emptied")]
-            if emptied:
-                step.evidence["dist"]["note"] = (f"{', '.join(emptied)} removed every token; "
-                                                 "kept the most probable one still live")
-            yield step
+            yield add_chain_evidence(step, stages[0])
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
         return bool(active_items(self.chain_knobs(params)))
@@ -146,6 +162,11 @@ class Sample(ChainDecoder):
     params = ChainParams(**chain_params(), coupling=coupling_param(), logit_lens=lens_param(),
                          **constraint_params(healing=True))
     reference = "Ancestral sampling; processor chain after llama.cpp's sampler chain (see each rule)"
+    papers = (
+        _HOLTZMAN,
+        Paper("llama.cpp's sampler chain (the order and the rules of the processor chain)",
+              "https://github.com/ggml-org/llama.cpp"),
+    )
     description = "Sample through a user-ordered chain: penalties, DRY, top-k/p, min-p, typical, ε, η, top-nσ, XTC, mirostat"
 
 
@@ -170,7 +191,7 @@ class Preset(ChainDecoder):
 
     def chain_knobs(self, params: dict[str, Any]) -> dict[str, Any]:
         mapped = {self.mapping.get(k, k): v for k, v in params.items()}
-        return {**CHAIN_DEFAULTS, **self.fixed, **mapped}
+        return {**chain_defaults(), **self.fixed, **mapped}
 
 
 def _temperature() -> Float:
@@ -178,12 +199,13 @@ def _temperature() -> Float:
 
 
 def _preset(name: str, mapping: dict[str, str], specs: dict[str, Param], reference: str,
-            description: str, doc: str, fixed: dict[str, Any] | None = None) -> type[Preset]:
+            description: str, doc: str, fixed: dict[str, Any] | None = None,
+            papers: tuple[Paper, ...] = ()) -> type[Preset]:
     cls = type(name.title().replace("_", ""), (Preset,), {
         "name": name, "mapping": mapping, "fixed": dict(fixed or {}),
         "params": PresetParams(mapping, **specs, temperature=_temperature(), coupling=coupling_param(),
                                logit_lens=lens_param(), **constraint_params(healing=True)),
-        "reference": reference, "description": description, "__doc__": doc,
+        "reference": reference, "papers": tuple(papers), "description": description, "__doc__": doc,
         "__module__": __name__,
     })
     return register(cls)
@@ -196,7 +218,8 @@ TopK = _preset(
     """Top-k sampling: keep the k most probable tokens, then temperature, then draw.
 
     A preset of the ``sample`` chain (top_k then temperature). Ties with the k-th token
-    are kept, as in transformers.""")
+    are kept, as in transformers.""",
+    papers=(arxiv("Fan et al. 2018, Hierarchical Neural Story Generation (ACL)", "1805.04833"),))
 
 TopP = _preset(
     "top_p", {"p": "top_p"}, {"p": Float(0.9, 0.0, 1.0, "keep the smallest set with this much mass")},
@@ -205,7 +228,8 @@ TopP = _preset(
     """Nucleus (top-p) sampling: keep the smallest set of top tokens whose mass reaches p.
 
     A preset of the ``sample`` chain (top_p then temperature, llama.cpp's order; transformers
-    applies temperature first).""")
+    applies temperature first).""",
+    papers=(_HOLTZMAN,))
 
 MinP = _preset(
     "min_p", {"p": "min_p"}, {"p": Float(0.1, 0.0, 1.0, "keep tokens with p >= this times p(top)")},
@@ -213,28 +237,35 @@ MinP = _preset(
     "Keep tokens at least p times as probable as the top one",
     """Min-p sampling: keep tokens whose probability is at least p times the top token's.
 
-    A preset of the ``sample`` chain (min_p then temperature, as the paper recommends).""")
+    A preset of the ``sample`` chain (min_p then temperature, as the paper recommends).""",
+    papers=(
+        arxiv("Nguyen et al. 2024, Turning Up the Heat: Min-p Sampling for Creative and "
+              "Coherent LLM Outputs (ICLR 2025)", "2407.01082"),
+    ))
 
 Typical = _preset(
     "typical", {"p": "typical_p"}, {"p": Float(0.9, 0.0, 1.0, "mass of the most typical tokens to keep")},
     "Meister et al. 2023, Locally Typical Sampling (TACL)",
     "Keep the tokens whose surprisal is closest to the entropy",
     """Locally typical sampling: keep the tokens whose surprisal is closest to the
-    distribution's entropy, up to mass p. A preset of the ``sample`` chain.""")
+    distribution's entropy, up to mass p. A preset of the ``sample`` chain.""",
+    papers=(arxiv("Meister et al. 2023, Locally Typical Sampling (TACL)", "2202.00666"),))
 
 Epsilon = _preset(
     "epsilon", {"epsilon": "epsilon"}, {"epsilon": Float(3e-4, 0.0, 1.0, "drop tokens below this probability")},
     "Hewitt et al. 2022, Truncation Sampling as Language Model Desmoothing",
     "Drop tokens below a fixed probability epsilon",
     """Epsilon sampling: drop every token whose probability is below epsilon (the top one
-    always stays). A preset of the ``sample`` chain.""")
+    always stays). A preset of the ``sample`` chain.""",
+    papers=(_HEWITT,))
 
 Eta = _preset(
     "eta", {"eta": "eta"}, {"eta": Float(2e-3, 0.0, 1.0, "epsilon of the entropy-dependent cut-off")},
     "Hewitt et al. 2022, Truncation Sampling as Language Model Desmoothing",
     "Drop tokens below min(eta, sqrt(eta)·e^-H)",
     """Eta sampling: drop tokens below min(eta, sqrt(eta) * exp(-entropy)), a cut-off that
-    loosens when the distribution is flat. A preset of the ``sample`` chain.""")
+    loosens when the distribution is flat. A preset of the ``sample`` chain.""",
+    papers=(_HEWITT,))
 
 XTC = _preset(
     "xtc", {"threshold": "xtc_threshold", "probability": "xtc_probability"},
@@ -244,7 +275,11 @@ XTC = _preset(
     "Sometimes remove every top choice but the least probable one",
     """XTC (exclude top choices): with the given probability per step (coin = common random
     number ``uniform(pos, "xtc")``), remove all tokens at or above the threshold except the
-    least probable of them. A preset of the ``sample`` chain.""")
+    least probable of them. A preset of the ``sample`` chain.""",
+    papers=(
+        Paper("p-e-w 2024, Exclude Top Choices (XTC), text-generation-webui pull request #6335",
+              "https://github.com/oobabooga/text-generation-webui/pull/6335"),
+    ))
 
 Mirostat = _preset(
     "mirostat", {"tau": "mirostat_tau", "eta": "mirostat_eta"},
@@ -254,4 +289,8 @@ Mirostat = _preset(
     "Mirostat v2: adapt a surprise cut-off so perplexity stays near tau",
     """Mirostat 2.0: truncate tokens whose surprise exceeds mu, draw, and move mu towards
     the target surprise tau. A preset of the ``sample`` chain (temperature, then mirostat,
-    as in llama.cpp).""")
+    as in llama.cpp).""",
+    papers=(
+        arxiv("Basu et al. 2021, Mirostat: A Neural Text Decoding Algorithm that Directly "
+              "Controls Perplexity (ICLR)", "2007.14966"),
+    ))

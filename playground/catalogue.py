@@ -107,7 +107,7 @@ def knob_groups() -> list[tuple[str, str, dict[str, dict[str, Any]]]]:
     """The shared knob tables: (title, explanation, {knob: spec}), from the code that defines
     them, so a decoder's knob counts as shared exactly when its spec is the shared one."""
     from decoders.base import lens_param
-    from decoders.guided._constraint import constraint_params
+    from decoders.constraint import constraint_params
     from decoders.processors import chain_params
     from decoders.speculative._verify import rule_params
 

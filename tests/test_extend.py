@@ -1,9 +1,11 @@
 """One place to extend: a decoder of a new family, with a new step kind and its own visualizer,
-defined in one module (here: this test) appears everywhere the app lists decoders.
+defined in one module (here: this test) appears everywhere the app lists decoders; a sampler
+rule declared in one class (here: this test) joins the sampling chain.
 
 The test decoder is greedy decoding that records, at each step, a "tally" of its top candidate
-token ids: a step kind no built-in decoder has. Nothing outside this file names it; the fixture
-removes it from every registry afterwards, so other tests see the built-in set only.
+token ids: a step kind no built-in decoder has; its citation lives on its class. The test rule is
+top-a (keep the tokens with p >= a * p_max²). Nothing outside this file names either; the fixtures
+remove them from every registry afterwards, so other tests see the built-in set only.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
+import decoders.processors as P
 import visualizers as V
-from decoders.base import (FAMILY_INFO, REGISTRY, Context, Decoder, Int, Params, declare_family, family_of,
+from decoders.base import (FAMILY_INFO, REGISTRY, Context, Decoder, Float, Int, Params, declare_family, family_of,
                            forget_family, register, unregister)
+from decoders.citation import Paper
 from playground.core.trace import STEP_KINDS, Step, Trace, declare_step_kind, forget_step_kind, token_id_keys
 
 NAME, FAMILY, KIND = "tally_greedy", "tally", "tally"
@@ -33,6 +37,7 @@ class TallyGreedy(Decoder):
     step_kind = KIND
     params = Params(width=Int(3, 1, 8, "candidates recorded per step"))
     reference = "none: a test decoder"
+    papers = (Paper("The tally test decoder", "https://example.org/tally"),)
     description = "greedy, recording its top candidates per step"
 
     def run(self, ctx: Context) -> Iterator[Step]:
@@ -102,6 +107,7 @@ def test_it_is_listed_by_the_cli_the_api_and_the_catalogue(tally, capsys):
     assert STEP_KINDS[KIND].shows in doc  # what its steps record, from the kind's declaration
     assert "## Tally decoding\n\nGreedy with its candidates kept.\n" in doc  # the family's own declaration
     assert "*Tally*" in doc  # the plot its visualizer registered
+    assert "[The tally test decoder](https://example.org/tally)" in doc  # the citation its class carries
 
 
 def test_its_family_comes_after_the_built_in_ones_in_the_catalogue(tally):
@@ -279,3 +285,131 @@ def test_auto_colouring_comes_from_the_kinds_and_evidence_the_visualizers_declar
     trace = {"steps": steps}
     assert V.auto_metric(trace) == want == auto_metric(trace, "auto")
     assert V.auto_metric(trace, "entropy") == "entropy"
+
+
+# ---------------------------------------------------------------------- a sampler rule
+class TopA(P.Processor):
+    """Top-a: keep the tokens whose probability is at least ``a`` times the top one's squared."""
+
+    item = "top_a"
+    masks = True
+    slot = 85  # after min_p (80), before epsilon (90)
+    knobs = dict(top_a=Float(0.0, 0.0, 1000.0, "top-a: keep p >= a * p_max^2; 0 = off"))
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["top_a"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> P.Processor:
+        return cls(k["top_a"])
+
+    def __init__(self, a: float) -> None:
+        self.a = a
+
+    def __call__(self, logits: torch.Tensor, h: P.History) -> torch.Tensor:
+        p = logits.softmax(-1)
+        return logits.masked_fill(p < self.a * p.max() ** 2, float("-inf"))
+
+
+BUILT_IN_ITEMS = ("penalties", "dry", "no_repeat_ngram", "top_n_sigma", "top_k", "typical", "top_p", "min_p",
+                  "epsilon", "eta", "xtc", "temperature", "mirostat")
+SAMPLER = "top_a_sample"
+
+
+@pytest.fixture()
+def top_a():
+    """Register the rule (its class is all it takes), then a sampling decoder over the chain as it
+    stands; remove both afterwards."""
+    from decoders.sampling import ChainDecoder, coupling_param
+
+    P.rule(TopA)
+
+    class TopASample(ChainDecoder):
+        """Sampling through the chain, top-a included."""
+
+        name = SAMPLER
+        params = P.ChainParams(**P.chain_params(), coupling=coupling_param())
+        reference = "none: a test decoder"
+
+    register(TopASample)
+    try:
+        yield TopASample
+    finally:
+        unregister(SAMPLER)
+        P.forget_rule(TopA)
+
+
+@pytest.fixture(scope="module")
+def shakespeare():
+    from playground.core.models import load_model
+
+    return load_model("tiny-shakespeare", device="cpu")
+
+
+def test_a_rule_declared_in_its_class_joins_the_chain_at_its_slot(top_a):
+    assert P.order_items() == BUILT_IN_ITEMS[:8] + ("top_a",) + BUILT_IN_ITEMS[8:]
+    specs = P.chain_params()
+    assert specs["top_a"] is TopA.knobs["top_a"] and specs["top_a"].default == 0.0
+    assert "top_a" in specs["order"].items and specs["order"].default == ",".join(P.order_items())
+    assert P.active_items({"top_a": 0.0}) == [] and P.active_items({"top_a": 2.0, "top_k": 5}) == ["top_k", "top_a"]
+    chain = P.build_chain({"top_a": 2.0, "top_k": 5, "temperature": 0.5})
+    assert chain.labels == ["top_k(k=5)", "top_a(a=2)", "temperature(t=0.5)"]
+    # the distribution is the rule's: top-5, then p >= 2 p_max^2 on what top-5 left, then t = 0.5
+    logits = torch.tensor([2.0, 1.5, 1.2, 0.4, 0.3, 0.1, -1.0])
+    top5 = logits.masked_fill(logits < torch.topk(logits, 5).values[-1], float("-inf"))
+    p = top5.softmax(-1)
+    want = (top5 / 0.5).masked_fill(p < 2.0 * p.max() ** 2, float("-inf")).softmax(-1)
+    got = chain.probs(logits, P.History(ids=[1], prompt_len=1, pos=0))
+    assert torch.allclose(got, want) and 0 < int((got > 0).sum()) < 5
+    # a user order that leaves it out while its knob is set is refused in one line
+    with pytest.raises(__import__("playground.core.errors").core.errors.PlaygroundError,
+                       match="top_a are set but missing from 'order'"):
+        P.build_chain({"top_a": 2.0, "order": "top_k,temperature"})
+
+
+def test_its_knob_is_taken_by_a_sampling_decoder_and_cuts_as_the_rule_says(top_a, shakespeare):
+    from playground.core.errors import PlaygroundError
+    from playground.engine import prepare
+
+    tr = prepare(model=shakespeare, decoder=SAMPLER, prompt="ROMEO:", max_new_tokens=6, seed=3,
+                 params={"top_a": 3.0}).finish().to_dict()
+    assert tr["stats"]["new_tokens"] == 6
+    cut = 0
+    for s in tr["steps"]:
+        assert [st["stage"] for st in s["chain"]] == ["top_a(a=3)"]
+        d = s["dist"]
+        p_max = max(d["raw_probs"])
+        for raw, final in zip(d["raw_probs"], d["final_probs"]):
+            if abs(raw - 3.0 * p_max ** 2) > 1e-5:  # off the cut's edge, where rounding cannot decide
+                assert (final > 0) == (raw >= 3.0 * p_max ** 2)
+            if final > 0:  # the kept tokens keep their odds: raw probability over the kept mass
+                assert final == pytest.approx(raw / d["kept_mass"], abs=2e-4)
+        cut += s["chain"][0]["removed"]
+    assert cut > 0  # the rule removed tokens on these steps: the test saw it act
+    with pytest.raises(PlaygroundError, match="out of range"):
+        prepare(model=shakespeare, decoder=SAMPLER, prompt="ROMEO:", max_new_tokens=2, params={"top_a": -1})
+
+
+def test_rules_are_checked_when_they_register():
+    class Clash(TopA):
+        item, slot = "clash", 50  # top_k's slot
+        knobs = dict(clash=Float(0.0, 0.0, 1.0, ""))
+
+    class Steals(TopA):
+        item, slot = "steals", 86
+        knobs = dict(top_k=Float(0.0, 0.0, 1.0, ""))  # a built-in rule's knob
+
+    for cls, needle in ((Clash, "slot 50"), (Steals, "top_k")):
+        with pytest.raises(ValueError, match=needle):
+            P.rule(cls)
+        assert cls not in P.RULES
+
+
+def test_the_chain_is_built_in_again_without_the_rule():
+    from decoders import get_decoder
+
+    assert P.order_items() == BUILT_IN_ITEMS and TopA not in P.RULES
+    assert "top_a" not in P.chain_params() and "top_a" not in get_decoder("sample").params
+    assert SAMPLER not in REGISTRY
+    assert P.build_chain({"top_a": 2.0}).labels == []

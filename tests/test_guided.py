@@ -1,4 +1,4 @@
-"""The constraint stage (decoders/guided/_constraint.py) on greedy, sampling and the lossless
+"""The constraint stage (decoders/constraint.py) on greedy, sampling and the lossless
 speculative decoders: regex, JSON schema and grammar masks checked against an independent
 brute force over the vocabulary, EOS only where the constraint accepts, and one-line errors."""
 

@@ -296,7 +296,7 @@ _NUMERIC = {k: v for k, v in P.chain_params().items() if isinstance(v, (Float, I
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(knobs=st.fixed_dictionaries({k: _knob(v) for k, v in _NUMERIC.items()}),
-       order=st.permutations(list(P.ORDER_ITEMS)),
+       order=st.permutations(list(P.order_items())),
        seed=st.integers(0, 2**16), removed=st.integers(0, 300),
        history=st.lists(st.integers(0, 319), max_size=40))
 def test_any_chain_leaves_a_finite_distribution_and_draws_a_kept_token(knobs, order, seed, removed, history):

@@ -8,8 +8,9 @@ from typing import Any, Iterator
 import torch
 
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, register
+from decoders.citation import arxiv
 from decoders.collab._common import argmax, check_small_model, share
-from decoders.speculative.draft_model import DraftState, fit_logits
+from decoders.draft_state import DraftState, fit_logits
 from playground.core.trace import Step, speculative_figures
 
 RULES = ("chow", "diff", "opt", "always")
@@ -64,6 +65,9 @@ class SpecCascade(Decoder):
         alpha=Float(0.3, 0.0, 1.0, "the rule's threshold"),
     )
     reference = ("Narasimhan et al. 2024, Faster Cascades via Speculative Decoding (ICLR 2025)")
+    papers = (
+        arxiv("Narasimhan et al. 2024, Faster Cascades via Speculative Decoding (ICLR 2025)", "2405.19261"),
+    )
     description = "Small model drafts, large model verifies; a deferral rule decides which drafted tokens stand (lossy)"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:

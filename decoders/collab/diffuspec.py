@@ -9,8 +9,9 @@ import torch
 
 from decoders.ar import sample_index
 from decoders.base import Context, Int, PlaygroundError, register
+from decoders.citation import arxiv
+from decoders.draft_state import fit_logits
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, sampling_params
-from decoders.speculative.draft_model import fit_logits
 from playground.core.trace import Step
 
 
@@ -52,6 +53,10 @@ class DiffuSpec(SpecDecoder):
     lossless = True
     reference = ("Li et al. 2025, DiffuSpec: Unlocking Diffusion Language Models for Speculative Decoding "
                  "(arXiv:2510.02358)")
+    papers = (
+        arxiv("Li et al. 2025, DiffuSpec: Unlocking Diffusion Language Models for Speculative "
+              "Decoding", "2510.02358"),
+    )
     description = "A masked-diffusion LM drafts a block, the causal target verifies it in one pass (lossless)"
     params = SpecParams(
         gamma=Int(6, 1, 32, "tokens the diffusion model drafts per block"),

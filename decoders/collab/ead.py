@@ -9,8 +9,9 @@ import torch
 
 from decoders.ar import dist_evidence, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
+from decoders.citation import arxiv
 from decoders.collab._common import argmax, check_small_model, entropy_nats, share
-from decoders.speculative.draft_model import DraftState, fit_logits
+from decoders.draft_state import DraftState, fit_logits
 from playground.core.trace import Step
 
 
@@ -45,6 +46,10 @@ class EAD(Decoder):
     )
     reference = ("Entropy-adaptive decoding: dynamic model switching for efficient inference "
                  "(Simonds et al. 2025, arXiv:2502.06833)")
+    papers = (
+        arxiv("Simonds et al. 2025, Entropy Adaptive Decoding: Dynamic Model Switching for "
+              "Efficient Inference", "2502.06833"),
+    )
     description = "The small model writes until its rolling entropy crosses a threshold; the large model then writes a span"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:

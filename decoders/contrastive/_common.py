@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from decoders.ar import view_token
 from decoders.base import Context
+from decoders.token_text import view_token
 
 
 def rounded(x: float) -> float | None:

@@ -8,6 +8,7 @@ import torch
 
 from decoders.ar import ARState, draw, greedy_probs, token_loop
 from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
+from decoders.citation import arxiv
 from decoders.contrastive._common import contrast_evidence
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
@@ -62,6 +63,10 @@ class CAD(Decoder):
         logit_lens=lens_param(),
     )
     reference = "Shi et al. 2023, Trusting Your Evidence: Hallucinate Less with Context-aware Decoding (NAACL 2024)"
+    papers = (
+        arxiv("Shi et al. 2023, Trusting Your Evidence: Hallucinate Less with Context-aware "
+              "Decoding (NAACL 2024)", "2305.14739"),
+    )
     description = "(1+α)·logits with the context − α·logits without it"
 
     def run(self, ctx: Context) -> Iterator[Step]:

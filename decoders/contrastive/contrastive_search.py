@@ -8,6 +8,7 @@ import torch
 
 from decoders.ar import dist_evidence, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
+from decoders.citation import arxiv
 from decoders.contrastive._common import rounded
 from decoders._cache import repeat_batch, select_rows
 from playground.core.trace import Step
@@ -43,6 +44,9 @@ class ContrastiveSearch(Decoder):
         top_k=Int(4, 1, 100, "candidates re-ranked at each step"),
     )
     reference = "Su et al. 2022, A Contrastive Framework for Neural Text Generation (NeurIPS)"
+    papers = (
+        arxiv("Su et al. 2022, A Contrastive Framework for Neural Text Generation (NeurIPS)", "2202.06417"),
+    )
     description = "Of the top-k tokens, take the most probable one least similar to its context"
     force_mode = None
     force_refusal = "its degeneration penalty re-ranks candidates after the model has spoken"

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from decoders.ar import greedy_probs, token_loop
 from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
+from decoders.citation import arxiv
 from decoders.contrastive._common import contrast_evidence, rounded, text_config, with_hidden
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
@@ -136,6 +137,10 @@ class Dola(Decoder):
         logit_lens=lens_param(),
     )
     reference = "Chuang et al. 2024, DoLa: Decoding by Contrasting Layers Improves Factuality (ICLR)"
+    papers = (
+        arxiv("Chuang et al. 2024, DoLa: Decoding by Contrasting Layers Improves Factuality in "
+              "Large Language Models (ICLR)", "2309.03883"),
+    )
     description = "Final layer minus the premature layer that diverges most from it"
 
     def run(self, ctx: Context) -> Iterator[Step]:

@@ -9,9 +9,14 @@ import torch
 
 from decoders.ar import ARState, draw, token_loop
 from decoders.base import Context, Decoder, Float, Params, lens_param, register
+from decoders.citation import arxiv
 from decoders.contrastive._common import contrast_evidence
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
+
+# sources cited by more than one decoder, named once so they cannot drift apart
+CD_PAPER = arxiv("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as "
+                 "Optimization (ACL)", "2210.15097")
 
 # An amateur probability of exactly 0 would give an infinite score; this floor keeps the
 # score finite (and such a token still wins by any margin a real probability could give).
@@ -67,6 +72,11 @@ class Contrastive(Decoder):
     )
     reference = ("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL); "
                  "O'Brien & Lewis 2023, Contrastive Decoding Improves Reasoning in Large Language Models")
+    papers = (
+        CD_PAPER,
+        arxiv("O'Brien & Lewis 2023, Contrastive Decoding Improves Reasoning in Large Language "
+              "Models", "2309.09117"),
+    )
     description = "Expert minus amateur log-probabilities over the expert's plausible tokens"
 
     def run(self, ctx: Context) -> Iterator[Step]:

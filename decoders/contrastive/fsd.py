@@ -9,6 +9,7 @@ import torch
 
 from decoders.ar import token_loop
 from decoders.base import Context, Decoder, Float, Int, Params, lens_param, register
+from decoders.citation import arxiv
 from decoders.contrastive._common import contrast_evidence
 from playground.core.trace import Step
 
@@ -116,6 +117,10 @@ class FSD(Decoder):
         logit_lens=lens_param(),
     )
     reference = "Yang et al. 2023, A Frustratingly Simple Decoding Method for Neural Text Generation (LREC-COLING 2024)"
+    papers = (
+        arxiv("Yang et al. 2023, A Frustratingly Simple Decoding Method for Neural Text "
+              "Generation (LREC-COLING 2024)", "2305.12675"),
+    )
     description = "Greedy on (1 − α)·p_LM − α·p_anti, an n-gram anti-LM of the text so far"
 
     def run(self, ctx: Context) -> Iterator[Step]:

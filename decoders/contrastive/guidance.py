@@ -8,6 +8,7 @@ import torch
 
 from decoders.ar import ARState, greedy_probs, token_loop
 from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
+from decoders.citation import arxiv
 from decoders.contrastive._common import contrast_evidence
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
@@ -42,6 +43,9 @@ class CFG(Decoder):
         logit_lens=lens_param(),
     )
     reference = "Sanchez et al. 2023, Stay on topic with Classifier-Free Guidance (ICML 2024)"
+    papers = (
+        arxiv("Sanchez et al. 2023, Stay on topic with Classifier-Free Guidance (ICML 2024)", "2306.17806"),
+    )
     description = "Greedy on u + gamma·(c − u): conditional vs unconditional (or negative-prompt) pass"
 
     def run(self, ctx: Context) -> Iterator[Step]:

@@ -8,6 +8,7 @@ import torch
 
 from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
+from decoders.citation import arxiv
 from decoders.contrastive._common import rounded
 from decoders._cache import repeat_batch, select_rows
 from playground.core.trace import Step
@@ -68,6 +69,7 @@ class LookBack(Decoder):
         window=Int(128, 1, 4096, "earlier steps compared: the last this many positions"),
     )
     reference = "Xu et al. 2023, Look-back Decoding for Open-Ended Text Generation (EMNLP)"
+    papers = (arxiv("Xu et al. 2023, Look-back Decoding for Open-Ended Text Generation (EMNLP)", "2305.13477"),)
     description = "Greedy until KL to an earlier step signals a loop, then sample the top-k by closeness to the prompt"
     force_mode = None
     force_refusal = "it re-ranks candidates by a look-ahead forward after the model has spoken"

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 import torch
 
 from decoders.base import Context, Float, Int, Params, register
+from decoders.citation import arxiv
 from decoders.diffusion._canvas import finish, gen_logits, make_layout, new_canvas
 from decoders.diffusion._sampler import Proposal, Recipe, denoise_step, gumbel_tokens, propose, top_k_positions
 from decoders.diffusion.named import DiffusionDecoder, block_length, gen_length
@@ -42,6 +43,10 @@ class FreeDave(DiffusionDecoder):
     name = "freedave"
     description = "FreeDave: lossless draft-and-verify; equals one-token-per-step decoding, fewer calls"
     reference = "FreeDave: lossless parallel decoding for diffusion LLMs via free draft-and-verification (A161)"
+    papers = (
+        arxiv("Wu & Zhang 2025, Free Draft-and-Verification: Toward Lossless Parallel Decoding "
+              "for Diffusion Large Language Models (FreeDave)", "2510.00294"),
+    )
     lossless = True
     params = Params(
         gen_length=gen_length(), block_length=block_length(),

@@ -12,8 +12,27 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from decoders.base import Bool, Choice, Context, Decoder, Float, Int, Params, register
+from decoders.citation import Paper, arxiv
 from decoders.diffusion._sampler import SCHED_SHAPES, SCORES, Recipe, run_recipe
 from playground.core.trace import Step
+
+# sources cited by more than one decoder, named once so they cannot drift apart
+_LLADA = arxiv("Nie et al. 2025, Large Language Diffusion Models (LLaDA)", "2502.09992")
+_DREAM = arxiv("Ye et al. 2025, Dream 7B: Diffusion Large Language Models", "2508.15487")
+_FAST_DLLM = arxiv("Wu et al. 2025, Fast-dLLM: Training-free Acceleration of Diffusion LLM by "
+                   "Enabling KV Cache and Parallel Decoding", "2505.22618")
+_SCHED = arxiv("Mohamed et al. 2025, Fast-Decoding Diffusion Language Models via Progress-Aware "
+               "Confidence Schedules (SchED)", "2512.02892")
+_PROPHET = arxiv("Li et al. 2025, Diffusion Language Models Know the Answer Before Decoding "
+                 "(Prophet)", "2508.19982")
+_PC = arxiv("Huang et al. 2025, PC-Sampler: Position-Aware Calibration of Decoding Bias in "
+            "Masked Diffusion Models", "2508.13021")
+_CREDIT = arxiv("CreditDecoding: Accelerating Parallel Decoding in Diffusion Large Language "
+                "Models with Trace Credits (2025)", "2510.06133")
+ASS_PAPER = Paper("Taming Masked Diffusion Language Models via Consistency Trajectory Reinforcement Learning "
+                  "with Fewer Decoding Steps: EOS early rejection and the ascending step-size scheduler "
+                  "(authors' code)",
+                  "https://github.com/yjyddq/EOSER-ASS-RL")
 
 
 def gen_length() -> Int:
@@ -75,6 +94,10 @@ class LLaDA(DiffusionDecoder):
     name = "llada"
     description = "LLaDA: semi-AR blocks, even schedule, low-confidence or random remasking"
     reference = "Nie et al. 2025, Large Language Diffusion Models (LLaDA), generate.py"
+    papers = (
+        _LLADA,
+        Paper("LLaDA's reference sampler, generate.py", "https://github.com/ML-GSAI/LLaDA"),
+    )
     params = Params(
         gen_length=gen_length(), steps=steps(), block_length=block_length(),
         remasking=Choice("low_confidence", ("low_confidence", "random"),
@@ -106,6 +129,10 @@ class Dream(DiffusionDecoder):
     name = "dream"
     description = "Dream: 1 - s/t schedule, origin / maskgit_plus / topk_margin / entropy orders"
     reference = "Ye et al. 2025, Dream 7B: Diffusion Large Language Models (generation_utils.py)"
+    papers = (
+        _DREAM,
+        Paper("Dream's reference sampler, generation_utils.py", "https://github.com/HKUNLP/Dream"),
+    )
     params = Params(
         gen_length=gen_length(), steps=steps(), block_length=block_length("0 = one block (Dream's default)"),
         alg=Choice("entropy", ("origin", "maskgit_plus", "topk_margin", "entropy"),
@@ -142,6 +169,7 @@ class FastDLLM(DiffusionDecoder):
     name = "fast_dllm"
     description = "Fast-dLLM: commit every position above a confidence threshold (>= 1 per step)"
     reference = "Wu et al. 2025, Fast-dLLM: Training-free Acceleration of Diffusion LLM (A043 family)"
+    papers = (_FAST_DLLM,)
     params = Params(
         gen_length=gen_length(), block_length=block_length(),
         threshold=Float(0.9, 0.0, 1.0, "commit positions whose confidence exceeds this; 1 = one per step"),
@@ -168,6 +196,7 @@ class SchED(DiffusionDecoder):
     name = "sched"
     description = "SchED: LLaDA steps, early exit when the mean margin passes a falling threshold"
     reference = "SchED: Fast decoding of diffusion LMs via progress-aware confidence schedules (A214)"
+    papers = (_SCHED,)
     params = Params(
         gen_length=gen_length(), steps=steps(), block_length=block_length(),
         tau_high=Float(0.9, 0.0, 1.0, "threshold on the mean margin at the first step"),
@@ -196,6 +225,7 @@ class Prophet(DiffusionDecoder):
     name = "prophet"
     description = "Prophet: LLaDA steps, commit all once the top-1/top-2 logit gap is large"
     reference = "Li et al. 2025, Diffusion Language Models Know the Answer Before Decoding (A268)"
+    papers = (_PROPHET,)
     params = Params(
         gen_length=gen_length(), steps=steps(), block_length=block_length(),
         early=Float(7.5, 0.0, 100.0, "gap threshold in the first third of the steps"),
@@ -227,6 +257,7 @@ class PCSampler(DiffusionDecoder):
     name = "pc_sampler"
     description = "PC-Sampler: calibrated confidence x position weight, no blocks needed"
     reference = "Huang et al. 2025, PC-Sampler: Position-Aware Calibration of Decoding Bias in MDMs (A157)"
+    papers = (_PC,)
     params = Params(
         gen_length=gen_length(), steps=steps(), block_length=block_length(),
         position_decay=Float(0.05, 0.0, 2.0, "weight exp(-decay * position); 0 = no position weight"),
@@ -255,6 +286,7 @@ class CreditDecoding(DiffusionDecoder):
     name = "credit"
     description = "CreditDecoding: threshold decoding with accumulated per-token credit"
     reference = "CreditDecoding: Accelerating Parallel Decoding in Diffusion LLMs with Trace Credits (A239)"
+    papers = (_CREDIT,)
     params = Params(
         gen_length=gen_length(), block_length=block_length(),
         threshold=Float(0.9, 0.0, 1.0, "commit positions whose fused confidence exceeds this"),
@@ -282,6 +314,16 @@ class MaskedDiffusion(DiffusionDecoder):
     name = "masked_diffusion"
     description = "The composable masked-diffusion sampler with every choice as a knob"
     reference = "Composition of LLaDA, Dream, Fast-dLLM, SchED, Prophet, PC-Sampler, CreditDecoding, ASS"
+    papers = (
+        _LLADA,
+        _DREAM,
+        _FAST_DLLM,
+        _SCHED,
+        _PROPHET,
+        _PC,
+        _CREDIT,
+        ASS_PAPER,
+    )
     params = Params(
         gen_length=gen_length(), steps=steps(" (unused by plan threshold)"), block_length=block_length(),
         score=Choice("prob", SCORES, "what ranks the masked positions"),

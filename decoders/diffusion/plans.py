@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from decoders.base import Context, Float, Int, Params, Text, register
+from decoders.citation import Paper, arxiv
 from decoders.diffusion._rules import ETE, R2, AdaBlock, LocalLeap, Rule, run_rule
 from decoders.diffusion._sampler import Recipe
-from decoders.diffusion.named import DiffusionDecoder, block_length, cfg_scale, eos_penalty, gen_length, temperature
+from decoders.diffusion.named import (ASS_PAPER, DiffusionDecoder, block_length, cfg_scale, eos_penalty, gen_length,
+                                      temperature)
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
 
@@ -59,6 +61,10 @@ class ExploreThenExploit(RuleDecoder):
     name = "ete"
     description = "ETE: confident commits plus a few highest-entropy ones per round (explore, then exploit)"
     reference = "Fu et al. 2025, From Bits to Rounds: Parallel Decoding with Exploration for Diffusion LMs (A014)"
+    papers = (
+        arxiv("Fu et al. 2025, From Bits to Rounds: Parallel Decoding with Exploration for "
+              "Diffusion Language Models (ETE)", "2511.21103"),
+    )
     params = Params(
         gen_length=gen_length(), block_length=block_length(),
         threshold=threshold(0.9, "exploit: commit positions whose confidence exceeds this"),
@@ -95,6 +101,11 @@ class R2DLLM(RuleDecoder):
     description = "R²-dLLM: threshold + confident windows + proposals stable for s steps"
     reference = ("Du et al. 2026, R²-dLLM: Accelerating Diffusion LLMs via Spatio-Temporal Redundancy "
                  "Reduction (A102)")
+    papers = (
+        arxiv("Du et al. 2026, R²-dLLM: Accelerating Diffusion Large Language Models via "
+              "Spatio-Temporal Redundancy Reduction", "2604.18995"),
+        Paper("R²-dLLM's decoding rules, llada/generate.py", "https://github.com/GATECH-EIC/R2-dLLM"),
+    )
     params = Params(
         gen_length=gen_length(), block_length=block_length(),
         threshold=threshold(0.9),
@@ -129,6 +140,10 @@ class LocalLeapDecoder(RuleDecoder):
     name = "localleap"
     description = "LocalLeap: anchors above tau_hi commit neighbours within r above tau_lo"
     reference = "Kong et al. 2025, Accelerating Diffusion LLM Inference via Local Determinism Propagation (A134)"
+    papers = (
+        arxiv("Kong et al. 2025, Accelerating Diffusion LLM Inference via Local Determinism "
+              "Propagation (LocalLeap)", "2510.07081"),
+    )
     params = Params(
         gen_length=gen_length(), block_length=block_length(),
         tau_hi=Float(0.9, 0.0, 1.0, "anchor threshold: positions above it commit and anchor a zone"),
@@ -166,6 +181,12 @@ class AdaBlockDecoder(RuleDecoder):
     description = "AdaBlock: each block ends at a confident predicted delimiter (adaptive block size)"
     reference = ("Lu et al. 2025, AdaBlock-dLLM: Semantic-Aware Diffusion LLM Inference via Adaptive "
                  "Block Size (A195)")
+    papers = (
+        arxiv("Lu et al. 2025, AdaBlock-dLLM: Semantic-Aware Diffusion LLM Inference via "
+              "Adaptive Block Size", "2509.26432"),
+        Paper("AdaBlock-dLLM's block-length rule, llada/generate_adablock.py",
+              "https://github.com/lgxi24/AdaBlock-dLLM"),
+    )
     params = Params(
         gen_length=gen_length(),
         block_length=Int(8, 1, 4096, "default block length when no delimiter is confident enough"),
@@ -209,6 +230,7 @@ class AscendingStepSize(DiffusionDecoder):
     description = "ASS: ascending step sizes, 1, 2, 4, ... commits per step (with EOS early rejection)"
     reference = ("Taming Masked Diffusion LMs via Consistency Trajectory RL with Fewer Decoding Steps: "
                  "EOSER and the ascending step-size scheduler (A149)")
+    papers = (ASS_PAPER,)
     params = Params(
         gen_length=gen_length(),
         steps=Int(0, 0, 4096, "denoising steps in all, a multiple of the number of blocks and at most "

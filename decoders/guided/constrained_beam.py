@@ -9,7 +9,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from decoders.base import Context, Decoder, Float, Int, Params, PlaygroundError, Text, register
-from decoders.guided._constraint import _parse_words
+from decoders.citation import arxiv
+from decoders.constraint import parse_words
 from decoders.search._beam import BatchState, hits_stop
 from playground.core.trace import Step
 
@@ -51,7 +52,7 @@ def phrases_of(view: Any, text: str) -> list[list[int]]:
     """Token sequences of the forced words: as written when they start with white space or
     punctuation, else with a leading space (a word inside running text)."""
     out: list[list[int]] = []
-    for w in _parse_words(text):
+    for w in parse_words(text):
         t = w if not w[0].isalnum() else " " + w
         ids = [int(i) for i in view.tokenizer.encode(t, add_special_tokens=False)]
         if not ids:
@@ -107,6 +108,12 @@ class ConstrainedBeam(Decoder):
     )
     reference = ("Post & Vilar 2018, Fast Lexically Constrained Decoding with Dynamic Beam Allocation for "
                  "Neural Machine Translation (NAACL); Hokamp & Liu 2017 (grid beam search)")
+    papers = (
+        arxiv("Post & Vilar 2018, Fast Lexically Constrained Decoding with Dynamic Beam "
+              "Allocation for Neural Machine Translation (NAACL)", "1804.06609"),
+        arxiv("Hokamp & Liu 2017, Lexically Constrained Decoding for Sequence Generation Using "
+              "Grid Beam Search (ACL)", "1704.07138"),
+    )
     description = "Beam search whose output must contain the forced words; beams split into banks by progress"
 
     def run(self, ctx: Context) -> Iterator[Step]:

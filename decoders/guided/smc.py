@@ -23,7 +23,8 @@ import torch
 from decoders._cache import repeat_batch
 from decoders.ar import draw
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
-from decoders.guided._constraint import constraint_params, stage_for
+from decoders.citation import arxiv
+from decoders.constraint import constraint_params, stage_for
 from decoders.processors import History, build_chain
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
@@ -193,7 +194,7 @@ class Particle:
     phi: float = 0.0
     finished: bool = False
     reason: str = "length"
-    row: Any = None  # the constraint stage's matcher state (decoders.guided._constraint.Row)
+    row: Any = None  # the constraint stage's matcher state (decoders.constraint.Row)
     allowed_mass: float | None = None  # share of the proposal the constraint allowed, last step
 
     def copy(self) -> "Particle":
@@ -250,6 +251,12 @@ class SMC(Decoder):
     reference = ("Lew et al. 2023, Sequential Monte Carlo Steering of Large Language Models using "
                  "Probabilistic Programs; Loula et al. 2025, Syntactic and Semantic Control of Large "
                  "Language Models via Sequential Monte Carlo (ICLR)")
+    papers = (
+        arxiv("Lew et al. 2023, Sequential Monte Carlo Steering of Large Language Models using "
+              "Probabilistic Programs", "2306.03081"),
+        arxiv("Loula et al. 2025, Syntactic and Semantic Control of Large Language Models via "
+              "Sequential Monte Carlo (ICLR)", "2504.13139"),
+    )
     description = "N particles reweighted by regex/keyword/length potentials, resampled when ESS is low"
     shows = ("; plus `smc` per step: each particle's normalised weight, log weight and potential, the "
              "effective sample size against its threshold, and whether (and from which ancestors) the "

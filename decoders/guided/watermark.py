@@ -26,10 +26,12 @@ import torch
 
 from decoders.ar import token_loop
 from decoders.base import Choice, Context, Float, Int, lens_param, register
-from decoders.guided._constraint import constraint_params
+from decoders.citation import arxiv
+from decoders.constraint import constraint_params
 from decoders.processors import ChainParams, History, Processor, build_chain, chain_params
-from decoders.sampling import ChainDecoder, chain_picker, coupling_param
+from decoders.sampling import ChainDecoder, add_chain_evidence, chain_picker, coupling_param
 from playground.core.errors import PlaygroundError
+from playground.core.models import load_model
 from playground.core.trace import Step, p_value, z_score  # the figures' one definition
 
 DEFAULT_KEY = 15485863  # transformers' default hashing key (the millionth prime)
@@ -232,6 +234,7 @@ class Watermark(ChainDecoder):
     params = ChainParams(**chain_params(), **_wm_params(), coupling=coupling_param(), logit_lens=lens_param(),
                          **constraint_params(healing=True))
     reference = "Kirchenbauer et al. 2023, A Watermark for Large Language Models (ICML)"
+    papers = (arxiv("Kirchenbauer et al. 2023, A Watermark for Large Language Models (ICML)", "2301.10226"),)
     description = "Sample with a green-list watermark (transformers-compatible) and track its z-score"
     shows = ("; plus `watermark` per step: whether the token fell in its green list, the green list's "
              "probability before and after delta, and the output's running z-score")
@@ -252,11 +255,7 @@ class Watermark(ChainDecoder):
         context = list(ctx.prompt_ids)
         green = scored = 0
         for step in token_loop(ctx, chain_picker(ctx, chain, stages), self):
-            step.evidence["chain"] = step.evidence.get("chain", []) + stages[0]
-            emptied = [st["stage"] for st in stages[0] if st.get("emptied")]
-            if emptied:
-                step.evidence["dist"]["note"] = (f"{', '.join(emptied)} removed every token; "
-                                                 "kept the most probable one still live")
+            add_chain_evidence(step, stages[0])
             tok = step.committed[0]
             ev: dict[str, Any] = {"gamma": scheme.gamma, "delta": scheme.delta}
             if len(context) >= scheme.min_context:
@@ -360,8 +359,6 @@ def detect_ids(model: str, ids: Sequence[int], prompt_ids: Sequence[int] = (), g
 def _detect_with(model: str, ids: list[int] | None, prompt_ids: list[int] | None, text: str, prompt: str,
                  gamma: float, key: int, seeding: str, context_width: int, ignore_repeated_ngrams: bool,
                  z_threshold: float, load_kwargs: dict[str, Any]) -> dict[str, Any]:
-    from playground.core.models import load_model
-
     handle = load_model(model, **load_kwargs)
     if getattr(handle, "kind", "causal") != "causal":
         raise PlaygroundError(f"model {model!r} is not a causal LM; the watermark is an autoregressive one")

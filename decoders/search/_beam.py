@@ -12,7 +12,7 @@ import torch
 
 from decoders.ar import constraint_stage
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, PlaygroundError
-from decoders.guided._constraint import follow_rows, mask_rows
+from decoders.constraint import follow_rows, mask_rows
 from decoders._cache import repeat_batch, select_rows
 from playground.core.trace import Step
 

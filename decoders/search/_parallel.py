@@ -7,8 +7,9 @@ from typing import Any, Iterator
 
 import torch
 
+from decoders.ar import draw
 from decoders.base import Context, Float, Int
-from decoders.processors import CHAIN_DEFAULTS, History, build_chain
+from decoders.processors import History, build_chain, chain_defaults
 from decoders.search._beam import BatchState, hits_stop
 from playground.core.trace import Step
 
@@ -24,7 +25,7 @@ def _filter_knobs() -> dict[str, Any]:
 
 def _filter_chain(p: dict[str, Any], epsilon: float = 0.0):
     """The samplers' chain: top-k, top-p, min-p, then epsilon (MBR's epsilon sampler), then temperature."""
-    return build_chain({**CHAIN_DEFAULTS, **{k: p[k] for k in ("temperature", "top_k", "top_p", "min_p")},
+    return build_chain({**chain_defaults(), **{k: p[k] for k in ("temperature", "top_k", "top_p", "min_p")},
                         "epsilon": epsilon, "order": "top_k,top_p,min_p,epsilon,temperature"})
 
 
@@ -94,8 +95,6 @@ def iid_chooser(ctx: Context, stream: str = "sample") -> Chooser:
     """Independent draws: sample 0 reads the `sample` decoder's common random numbers
     (Gumbel-max on stream ``sample``), sample ``i > 0`` its own stream (``sample/<i>``).
     Another ``stream`` gives a second, independent set (``<stream>/<i>`` for every i)."""
-    from decoders.ar import draw
-
     def name(i: int) -> str:
         return ("sample" if i == 0 else f"sample/{i}") if stream == "sample" else f"{stream}/{i}"
 

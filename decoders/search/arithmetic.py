@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import torch
 
 from decoders.base import Choice, Context, Decoder, Int, Params, register
+from decoders.citation import arxiv
 from decoders.search._beam import finish_reason_of
 from decoders.search._parallel import _filter_knobs, _filters_lossy, parallel_samples
 from playground.core.trace import Step
@@ -70,6 +71,10 @@ class Arithmetic(Decoder):
     )
     reference = ("Vilnis et al. 2023, Arithmetic Sampling: Parallel Diverse Decoding for Large "
                  "Language Models (ICML)")
+    papers = (
+        arxiv("Vilnis et al. 2023, Arithmetic Sampling: Parallel Diverse Decoding for Large "
+              "Language Models (ICML)", "2210.15458"),
+    )
     description = "N stratified samples: evenly spaced code points read through the model's CDFs"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from decoders.base import Context, Decoder, Float, Int, register
-from decoders.guided._constraint import constraint_params
+from decoders.citation import Paper, arxiv
+from decoders.constraint import constraint_params
 from decoders.search._beam import BeamParams, _beam_knobs, group_beam_search
 from playground.core.trace import Step
 
@@ -32,6 +33,14 @@ class Beam(Decoder):
     params = BeamParams(**_beam_knobs(4, 1), **constraint_params(words=False))
     reference = ("Beam search (Lowerre 1976; Graves 2012; Sutskever et al. 2014); transformers 5 semantics; "
                  "Kasai et al. 2022, A Call for Clarity in Beam Search: How It Works and When It Stops (patience)")
+    papers = (
+        Paper("Lowerre 1976, The Harpy Speech Recognition System (PhD thesis, CMU)", None),
+        arxiv("Graves 2012, Sequence Transduction with Recurrent Neural Networks", "1211.3711"),
+        arxiv("Sutskever et al. 2014, Sequence to Sequence Learning with Neural Networks "
+              "(NeurIPS)", "1409.3215"),
+        arxiv("Kasai et al. 2022, A Call for Clarity in Beam Search: How It Works and When It "
+              "Stops (patience; LREC-COLING 2024)", "2204.05424"),
+    )
     description = "Keep the k best partial sequences; return the best finished one"
 
     def run(self, ctx: Context) -> Iterator[Step]:
@@ -61,6 +70,10 @@ class DiverseBeam(Decoder):
                         diversity_penalty=Float(1.0, 0.0, 20.0, "penalty per earlier-group choice of a token"))
     reference = ("Vijayakumar et al. 2018, Diverse Beam Search: Decoding Diverse Solutions from "
                  "Neural Sequence Models (AAAI)")
+    papers = (
+        arxiv("Vijayakumar et al. 2018, Diverse Beam Search: Decoding Diverse Solutions from "
+              "Neural Sequence Models (AAAI)", "1610.02424"),
+    )
     description = "Beam groups penalised for choosing what earlier groups chose at the same step"
 
     def run(self, ctx: Context) -> Iterator[Step]:

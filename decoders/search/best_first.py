@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import torch
 
 from decoders.base import Context, Decoder, Int, Params, register
+from decoders.citation import Paper, arxiv
 from decoders.search._beam import finish_reason_of, hits_stop
 from decoders.search._waves import wave_reader
 from playground.core.trace import Step
@@ -87,6 +88,12 @@ class BestFirstBeam(Decoder):
                                             "same last n tokens; 0 = off (plain best-first beam search)"))
     reference = ("Meister, Vieira & Cotterell 2020, Best-First Beam Search (TACL); "
                  "Xu, Jonnalagadda & Durrett 2022, Massive-scale Decoding for Text Generation using Lattices (NAACL)")
+    papers = (
+        Paper("Meister, Vieira & Cotterell 2020, Best-First Beam Search (TACL)",
+              "https://doi.org/10.1162/tacl_a_00346"),
+        arxiv("Xu, Jonnalagadda & Durrett 2022, Massive-scale Decoding for Text Generation "
+              "using Lattices (NAACL; best-first search with recombination, the recombine knob)", "2112.07660"),
+    )
     description = "Beam search's answer from a priority queue: pop the best hypothesis, expand lazily"
     shows = ("; with `recombine`, `lattice` per wave: the hypotheses expanded and those merged into a node of "
              "their length sharing their last n tokens (run plot *Lattice*)")

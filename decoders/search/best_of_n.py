@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from decoders.base import Context, Decoder, Float, Int, Params, register
+from decoders.citation import arxiv
 from decoders.search._beam import finish_reason_of
 from decoders.search._parallel import _filter_knobs, iid_chooser, length_normalised, parallel_samples
 from playground.core.trace import Step
@@ -31,6 +32,10 @@ class BestOfN(Decoder):
         **_filter_knobs(),
     )
     reference = "Adiwardana et al. 2020, Towards a Human-like Open-Domain Chatbot (sample-and-rank)"
+    papers = (
+        arxiv("Adiwardana et al. 2020, Towards a Human-like Open-Domain Chatbot "
+              "(sample-and-rank)", "2001.09977"),
+    )
     description = "Draw N samples in parallel; keep the one the model finds most likely"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, PlaygroundError, register
+from decoders.citation import Paper, arxiv
 from decoders.search._beam import finish_reason_of
 from decoders.search._parallel import _filter_chain, _filter_knobs, iid_chooser, parallel_samples
 from decoders.search._utility import AGGREGATABLE, UTILITIES, aggregated, ngram_f1, pairwise
@@ -61,6 +62,16 @@ class MBR(Decoder):
     reference = ("Eikema & Aziz 2020, Is MAP Decoding All You Need? (COLING); Freitag et al. 2023, Epsilon "
                  "Sampling Rocks (Findings of EMNLP); Vamvas & Sennrich 2024, Linear-time Minimum Bayes Risk "
                  "Decoding with Reference Aggregation (ACL); Kumar & Byrne 2004")
+    papers = (
+        arxiv("Eikema & Aziz 2020, Is MAP Decoding All You Need? The Inadequacy of the Mode in "
+              "Neural Machine Translation (COLING)", "2005.10283"),
+        arxiv("Freitag et al. 2023, Epsilon Sampling Rocks: Investigating Sampling Strategies "
+              "for Minimum Bayes Risk Decoding (Findings of EMNLP)", "2305.09860"),
+        arxiv("Vamvas & Sennrich 2024, Linear-time Minimum Bayes Risk Decoding with Reference "
+              "Aggregation (ACL)", "2402.04251"),
+        Paper("Kumar & Byrne 2004, Minimum Bayes-Risk Decoding for Statistical Machine Translation (NAACL)",
+              "https://aclanthology.org/N04-1022/"),
+    )
     description = "Draw hypotheses and references; return the hypothesis with the highest expected utility"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:

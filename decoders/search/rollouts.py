@@ -10,8 +10,9 @@ import torch
 
 from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
+from decoders.citation import arxiv
+from decoders.draft_state import DraftState
 from decoders.search._beam import BatchState, hits_stop
-from decoders.speculative.draft_model import DraftState
 from playground.core.trace import Step
 
 PUNCTUATION = set(".,;:!?\n")
@@ -133,6 +134,7 @@ class CNTP(RolloutDecoder):
         temperature=Float(1.0, 0.01, 10.0, "temperature of the trials"),
     )
     reference = "Wang et al. 2025, Cautious Next Token Prediction (Findings of ACL)"
+    papers = (arxiv("Wang et al. 2025, Cautious Next Token Prediction (Findings of ACL)", "2507.03038"),)
     description = "Greedy, but where entropy is high sample trials to punctuation and keep the least perplexing"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
@@ -178,6 +180,10 @@ class AdaDec(RolloutDecoder):
     )
     reference = ("He et al. 2025, Towards Better Code Generation: Adaptive Decoding with Uncertainty Guidance "
                  "(AdaDec, arXiv:2506.08980)")
+    papers = (
+        arxiv("He et al. 2025, Towards Better Code Generation: Adaptive Decoding with "
+              "Uncertainty Guidance (AdaDec)", "2506.08980"),
+    )
     description = "Greedy, but where entropy is high rerank the top-k tokens by a greedy lookahead's likelihood"
 
     def is_lossy(self, params: dict[str, Any]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from decoders.base import Context, Decoder, Float, register
+from decoders.citation import arxiv
 from decoders.search._beam import BeamParams, _beam_knobs, group_beam_search
 from playground.core.trace import Step
 
@@ -32,6 +33,10 @@ class UidBeam(Decoder):
                                                   "(0 = plain beam search)"))
     reference = ("Meister, Cotterell & Vieira 2020, If Beam Search is the Answer, What was the Question? "
                  "(EMNLP; UID regulariser)")
+    papers = (
+        arxiv("Meister, Cotterell & Vieira 2020, If Beam Search is the Answer, What was the "
+              "Question? (EMNLP)", "2010.02650"),
+    )
     description = "Beam search ranked by log p minus the variance of the surprisals (uniform information density)"
 
     def is_lossy(self, params: dict) -> bool:

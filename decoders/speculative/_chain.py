@@ -16,8 +16,8 @@ import torch
 
 from decoders.ar import sample_index
 from decoders.base import Context
+from decoders.draft_state import DraftState, fit_logits
 from decoders.speculative._verify import ROOT, SpecDecoder, Tree
-from decoders.speculative.draft_model import DraftState, fit_logits
 
 
 @dataclass

@@ -40,8 +40,8 @@ from decoders._cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask
 from decoders.ar import (checked_probs, constraint_stage, descending_order, dist_evidence, pick_in_order,
                         sample_index, watch_evidence)
 from decoders.base import Choice, Context, Decoder, Float, Int, Param
-from decoders.guided._constraint import constraint_params
-from decoders.processors import CHAIN_DEFAULTS, ChainParams, History, build_chain, chain_params
+from decoders.constraint import constraint_params
+from decoders.processors import ChainParams, History, build_chain, chain_defaults, chain_params
 from playground.core.trace import Step, speculative_figures
 
 NEG_INF = float("-inf")
@@ -604,7 +604,7 @@ class SpecDecoder(Decoder):
         if self.greedy_only:
             knobs["temperature"] = 0.0
         self.greedy = is_greedy(knobs)
-        chain_knobs = {k: knobs[k] for k in CHAIN_DEFAULTS if k in knobs}
+        chain_knobs = {k: knobs[k] for k in chain_defaults() if k in knobs}
         chain_knobs["temperature"] = float(knobs.get("temperature", 0.0))
         self.chain = build_chain(chain_knobs, ctx.target.tokenizer, ctx.target.vocab_size)
         items = [p.item for p in self.chain.processors]

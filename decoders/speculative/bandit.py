@@ -8,9 +8,11 @@ import time
 from typing import Any, Sequence
 
 from decoders.base import Choice, Context, Float, PlaygroundError, Text, register
+from decoders.citation import arxiv
+from decoders.draft_state import DraftState
 from decoders.speculative._chain import draft_chain
 from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
-from decoders.speculative.draft_model import DraftState, check_draft, check_draft_context
+from decoders.speculative.draft_model import check_draft, check_draft_context
 from playground.core.trace import Step
 
 MAX_GAMMA = 32
@@ -144,6 +146,10 @@ class BanditSpec(SpecDecoder):
     shows = "; plus `bandit` per round: the arms, the chosen arm and γ, its reward, and every arm's pulls, mean reward and score (run plot *Bandit arms over time*)"
     reference = ("Hou et al. 2025, BanditSpec: Adaptive Speculative Decoding via Bandit Algorithms (ICML; "
                  "arXiv:2505.15141)")
+    papers = (
+        arxiv("Hou et al. 2025, BanditSpec: Adaptive Speculative Decoding via Bandit Algorithms "
+              "(ICML)", "2505.15141"),
+    )
     description = "A bandit (UCB or EXP3) picks the draft length γ of each speculative round from its rewards so far"
     params = BanditParams(
         arms=Text("1,2,4,8", "draft lengths γ the bandit chooses among (comma list, 1-32 each)",

@@ -4,30 +4,18 @@ and a dynamic token tree verified in one pass (``spec_tree``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from decoders.ar import sample_index
 from decoders.base import Context, Float, Int, PlaygroundError, register
-from decoders._cache import CacheInfo, check_rollback, crop_layers, masks_by_type, rollback_cache
+from decoders._cache import CacheInfo, check_rollback, masks_by_type
+from decoders.citation import arxiv
+from decoders.draft_state import DraftState, fit_logits
 from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
                                           draw_without_replacement, rule_params, sampling_params)
 from playground.core.trace import Step
-
-
-def fit_logits(logits: torch.Tensor, size: int) -> torch.Tensor:
-    """Draft logits over the target's vocabulary size: models of one family often pad their
-    embedding tables to different sizes over one tokenizer (Qwen2.5 0.5B vs 7B), so the two
-    are compared on the shared ids; a draft's extra rows are cut and ids only the target has
-    get -inf (the draft never proposes them)."""
-    n = logits.shape[-1]
-    if n == size:
-        return logits
-    if n > size:
-        return logits[..., :size]
-    pad = torch.full((*logits.shape[:-1], size - n), float("-inf"), dtype=logits.dtype, device=logits.device)
-    return torch.cat([logits, pad], dim=-1)
 
 
 def check_draft_context(ctx: Context) -> None:
@@ -80,48 +68,6 @@ class DraftStop:
         return out
 
 
-class DraftState:
-    """A draft model's KV cache and the ids it holds; catches up on newly committed tokens."""
-
-    def __init__(self, view: Any, info: CacheInfo | None = None, decoder: str = "") -> None:
-        self.view = view
-        # a state that cannot be cut back would keep rejected tokens silently: refuse it
-        self.info = info or check_rollback(decoder or "a draft-and-verify decoder", view)
-        self.cache = rollback_cache(view, self.info)
-        self.ids: list[int] = []
-        emb = view.model.get_input_embeddings() if hasattr(view.model, "get_input_embeddings") else None
-        self.rows = int(emb.weight.shape[0]) if emb is not None else int(view.vocab_size)
-
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions."""
-        if length < len(self.ids):
-            crop_layers(self.cache, length)
-            del self.ids[length:]
-
-    def catch_up(self, committed: Sequence[int]) -> torch.Tensor:
-        """Feed what the cache lacks of ``committed`` (at least the last token); return the
-        draft logits after it (1-D)."""
-        n = 0
-        for a, b in zip(self.ids, committed):
-            if a != b:
-                break
-            n += 1
-        n = min(n, len(committed) - 1)
-        self.crop(n)
-        return self.feed(committed[n:])[-1]
-
-    def feed(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:
-        """Feed ``ids`` after the cache; return their logits (len, V)."""
-        if ids and max(ids) >= self.rows:
-            # a padded id only the target's table has (real checkpoints never pick one)
-            raise PlaygroundError(f"the target committed token id {max(ids)}, which draft model "
-                                  f"{self.view.name!r} cannot embed ({self.rows} ids)")
-        out = self.view.forward(list(ids), cache=self.cache, **kw)
-        self.cache = out.cache
-        self.ids.extend(int(i) for i in ids)
-        return out.logits[0]
-
-
 @register
 class Speculative(SpecDecoder):
     """Speculative sampling with a draft model (Leviathan et al. 2023; Chen et al. 2023).
@@ -149,6 +95,14 @@ class Speculative(SpecDecoder):
     reference = ("Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding; "
                  "Chen et al. 2023, Accelerating LLM Decoding with Speculative Sampling; "
                  "Huang et al. 2024, SpecDec++ (adaptive length)")
+    papers = (
+        arxiv("Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding "
+              "(ICML)", "2211.17192"),
+        arxiv("Chen et al. 2023, Accelerating Large Language Model Decoding with Speculative "
+              "Sampling", "2302.01318"),
+        arxiv("Huang et al. 2024, SpecDec++: Boosting Speculative Decoding via Adaptive "
+              "Candidate Lengths (adaptive draft length)", "2405.19715"),
+    )
     description = "Draft γ tokens with a small model, verify in one target pass, resample at the first rejection"
     params = SpecParams(
         gamma=Int(10, 1, 32, "most tokens drafted per step (γ); the confidence rules may stop a draft sooner"),
@@ -230,6 +184,17 @@ class SpecTree(SpecDecoder):
     lossless = True
     reference = ("Li et al. 2024, EAGLE-2 (dynamic draft trees); Chen et al. 2024, Sequoia; Miao et al. 2024, "
                  "SpecInfer; Sun et al. 2023, SpecTr; Yang et al. 2023, Multi-candidate speculative decoding")
+    papers = (
+        arxiv("Li et al. 2024, EAGLE-2: Faster Inference of Language Models with Dynamic Draft "
+              "Trees", "2406.16858"),
+        arxiv("Chen et al. 2024, Sequoia: Scalable, Robust, and Hardware-aware Speculative "
+              "Decoding", "2402.12374"),
+        arxiv("Miao et al. 2024, SpecInfer: Accelerating Generative LLM Serving with Tree-based "
+              "Speculative Inference and Verification (ASPLOS)", "2305.09781"),
+        arxiv("Sun et al. 2023, SpecTr: Fast Speculative Decoding via Optimal Transport "
+              "(NeurIPS)", "2310.15141"),
+        arxiv("Yang et al. 2024, Multi-Candidate Speculative Decoding", "2401.06706"),
+    )
     description = "Draft a dynamic token tree, verify all of it in one target pass with a tree mask"
     params = SpecParams(
         depth=Int(5, 1, 16, "maximum depth of the draft tree"),

@@ -8,6 +8,7 @@ from collections import OrderedDict
 import torch
 
 from decoders.base import Choice, Context, Int, register
+from decoders.citation import arxiv
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified
 from decoders.speculative.lookup import lookup_continuations
 from playground.core.trace import Step
@@ -34,6 +35,10 @@ class Jacobi(SpecDecoder):
     step_kind = "jacobi"
     reference = ("Santilli et al. 2023, Accelerating Transformer Inference for Translation via Parallel "
                  "Decoding (Jacobi / Gauss-Seidel)")
+    papers = (
+        arxiv("Santilli et al. 2023, Accelerating Transformer Inference for Translation via "
+              "Parallel Decoding (ACL)", "2305.10427"),
+    )
     description = "Fixed-point iteration over a window of guesses; commit the converged prefix"
     params = SpecParams(
         window=Int(8, 1, 64, "guessed positions per pass (m)"),
@@ -96,6 +101,10 @@ class Lookahead(SpecDecoder):
     lossless = True
     greedy_only = True
     reference = "Fu et al. 2024, Break the Sequential Dependency of LLM Inference Using Lookahead Decoding"
+    papers = (
+        arxiv("Fu et al. 2024, Break the Sequential Dependency of LLM Inference Using Lookahead "
+              "Decoding (ICML)", "2402.02057"),
+    )
     description = "Jacobi lookahead window + n-gram pool + verification branch, one forward per step"
     params = SpecParams(
         W=Int(5, 1, 32, "lookahead window width (columns)"),

@@ -9,6 +9,7 @@ import torch
 
 from decoders.ar import sample_index
 from decoders.base import Bool, Context, Float, Int, PlaygroundError, register
+from decoders.citation import arxiv
 from decoders.processors import History
 from decoders._cache import cache_len, crop_layers
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
@@ -51,6 +52,12 @@ class LayerSkip(SpecDecoder):
     lossless = True
     reference = ("Elhoushi et al. 2024, LayerSkip: Enabling Early Exit Inference and Self-Speculative Decoding; "
                  "Zarch et al. 2025, DEL: Context-Aware Dynamic Exit Layer for Efficient Self-Speculative Decoding")
+    papers = (
+        arxiv("Elhoushi et al. 2024, LayerSkip: Enabling Early Exit Inference and "
+              "Self-Speculative Decoding (ACL)", "2404.16710"),
+        arxiv("Zarch et al. 2025, DEL: Context-Aware Dynamic Exit Layer for Efficient "
+              "Self-Speculative Decoding", "2504.05598"),
+    )
     description = "Draft with the target's own first k layers + LM head, verify with the full model"
     params = SpecParams(
         exit_layer=Int(0, 0, 256, "layers the draft runs, below the model's depth; 0 = half of them"),

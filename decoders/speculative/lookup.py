@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 
 from decoders.base import Context, Float, Int, register
+from decoders.citation import Paper, arxiv
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from playground.core.trace import Step
 
@@ -61,6 +62,11 @@ class PromptLookup(SpecDecoder):
     lossless = True
     reference = ("Saxena 2023, Prompt Lookup Decoding; Ou et al. 2024, Lossless Acceleration of LLMs "
                  "with Hierarchical Drafting / ANPD: Adaptive N-gram Parallel Decoding")
+    papers = (
+        Paper("Saxena 2023, Prompt Lookup Decoding", "https://github.com/apoorvumang/prompt-lookup-decoding"),
+        arxiv("Ou et al. 2024, Lossless Acceleration of Large Language Model via Adaptive "
+              "N-gram Parallel Decoding (ANPD; NAACL industry track)", "2404.08698"),
+    )
     description = "Draft the continuation of the latest matching n-gram of prompt + output (adaptive n)"
     params = SpecParams(
         max_ngram=Int(3, 1, 10, "longest suffix n-gram tried first"),
@@ -112,6 +118,10 @@ class NgramAdaptive(SpecDecoder):
     name = "ngram_adaptive"
     lossless = True
     reference = "Liu et al. 2024, Adaptive Draft-Verification for Efficient Large Language Model Decoding (ADED)"
+    papers = (
+        arxiv("Liu et al. 2024, Adaptive Draft-Verification for Efficient Large Language Model "
+              "Decoding (ADED; AAAI 2025)", "2407.12021"),
+    )
     description = "Drafts from an online tri-gram table of the model's own outputs, UCB exploration"
     params = SpecParams(
         depth=Int(6, 1, 16, "maximum draft length (tree depth)"),

@@ -7,6 +7,7 @@ import heapq
 import torch
 
 from decoders.base import Choice, Context, Int, register
+from decoders.citation import arxiv
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from playground.core.trace import Step
 
@@ -45,6 +46,10 @@ class MaskProbe(SpecDecoder):
     name = "mask_probe"
     lossless = True
     reference = "Probing-based multi-token prediction with on-the-fly mask tokens (seed paper A311)"
+    papers = (
+        arxiv("Goel et al. 2026, Efficient Training-Free Multi-Token Prediction via "
+              "Embedding-Space Probing", "2603.17942"),
+    )
     description = "Mask-like probe tokens predict future tokens; a pruned tree of their top-K is verified"
     params = SpecParams(
         probes=Int(3, 1, 8, "probe tokens after each node (look-ahead depth)"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from decoders.base import Context, Int, register
+from decoders.citation import arxiv
 from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 
 
@@ -25,6 +26,10 @@ class TokenRecycling(SpecDecoder):
     name = "token_recycling"
     lossless = True
     reference = "Luo et al. 2024, Turning Trash into Treasure: Accelerating Inference of LLMs with Token Recycling"
+    papers = (
+        arxiv("Luo et al. 2024, Turning Trash into Treasure: Accelerating Inference of Large "
+              "Language Models with Token Recycling (ACL 2025)", "2408.08696"),
+    )
     description = "Recycle the target's past top-k candidates into a draft tree (adjacency table + BFS)"
     params = SpecParams(
         row_k=Int(8, 1, 64, "candidates stored per token in the adjacency table"),

@@ -8,10 +8,12 @@ from typing import Any
 import torch
 
 from decoders.base import Context, Float, Int, PlaygroundError, register
-from decoders.contrastive.expert_amateur import cd_scores
+from decoders.citation import arxiv
+from decoders.contrastive.expert_amateur import CD_PAPER, cd_scores
+from decoders.draft_state import DraftState
 from decoders.speculative._chain import draft_chain
 from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, tree_evidence
-from decoders.speculative.draft_model import DraftState, check_draft, check_draft_context
+from decoders.speculative.draft_model import check_draft, check_draft_context
 from playground.core.trace import Step
 
 
@@ -62,6 +64,10 @@ class SpecContrastive(SpecDecoder):
     shows = "; plus `scd` per verified position: the expert, amateur and contrastive probabilities of the drafted token and the contrast's pick (plot *Contrastive verification*)"
     reference = ("Yuan et al. 2023, Speculative Contrastive Decoding (arXiv:2311.08981); "
                  "Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization")
+    papers = (
+        arxiv("Yuan et al. 2023, Speculative Contrastive Decoding (ACL 2024)", "2311.08981"),
+        CD_PAPER,
+    )
     description = "The amateur drafts, the expert verifies against the contrastive distribution: contrastive's text in fewer expert passes"
     params = SpecParams(
         gamma=Int(4, 1, 32, "tokens the amateur drafts per step (γ)"),

@@ -34,6 +34,7 @@ import json
 import re
 import threading
 import weakref
+from copy import copy
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,10 +42,10 @@ import torch
 
 from decoders.base import Bool, Param, PlaygroundError, Text
 from decoders.processors import gumbel_pick, stage_cut
+from decoders.token_text import view_token
 
 GRAMMAR_KNOBS = ("regex", "json_schema", "grammar")
 WORD_KNOBS = ("logit_bias", "bad_words")
-ALL_KNOBS = GRAMMAR_KNOBS + WORD_KNOBS + ("token_healing",)
 TOP_EVIDENCE = 5  # allowed and blocked tokens each step records
 MAX_BIAS = 100.0  # OpenAI's range: -100 bans a token in practice, +100 all but forces it
 
@@ -112,21 +113,25 @@ def constraint_params(words: bool = True, healing: bool = False) -> dict[str, Pa
     """
     specs: dict[str, Param] = dict(
         regex=GrammarText("", "constrain the output to match this regular expression (Rust regex syntax, "
-                              "anchored at both ends); empty = off"),
-        json_schema=GrammarText("", "constrain the output to JSON valid under this JSON Schema (as text); empty = off"),
+                              "anchored at both ends); empty = off", cross_check=check_knobs),
+        json_schema=GrammarText("", "constrain the output to JSON valid under this JSON Schema (as text); empty = off",
+                                cross_check=check_knobs),
         grammar=GrammarText("", "constrain the output to this grammar, in llguidance's Lark syntax "
-                                "(start: rule; \"literals\", /regex/ terminals, %json{...}); empty = off"),
+                                "(start: rule; \"literals\", /regex/ terminals, %json{...}); empty = off",
+                            cross_check=check_knobs),
     )
     if words:
         specs.update(
             logit_bias=Text("", "additive bias per token: JSON object {\"token id or text\": bias}, "
-                                "bias in [-100, 100]; a text key must be exactly one token"),
+                                "bias in [-100, 100]; a text key must be exactly one token", cross_check=check_knobs),
             bad_words=Text("", "never produce these (JSON list of strings, or comma-separated): each "
-                               "word's token sequence, with and without a leading space, is banned"),
+                               "word's token sequence, with and without a leading space, is banned",
+                          cross_check=check_knobs),
         )
     if healing:
         specs["token_healing"] = Bool(False, "token healing: back the prompt up over its last token and "
-                                             "make the first new token one that starts with that token's text")
+                                             "make the first new token one that starts with that token's text",
+                                       cross_check=check_knobs)
     return specs
 
 
@@ -148,7 +153,7 @@ def check_knobs(decoder: str, params: dict[str, Any]) -> None:
     if str(params.get("logit_bias") or "").strip():
         _parse_bias_json(str(params["logit_bias"]))
     if str(params.get("bad_words") or "").strip():
-        _parse_words(str(params["bad_words"]))
+        parse_words(str(params["bad_words"]))
 
 
 def _parse_bias_json(text: str) -> dict[str, float]:
@@ -166,7 +171,7 @@ def _parse_bias_json(text: str) -> dict[str, float]:
     return out
 
 
-def _parse_words(text: str) -> list[str]:
+def parse_words(text: str) -> list[str]:
     s = text.strip()
     if s.startswith("["):
         try:
@@ -208,7 +213,6 @@ def ll_tokenizer(view: Any) -> Any:
         raise PlaygroundError(f"model {getattr(view, 'name', '?')!r} has no fast (tokenizers) tokenizer; "
                               "regex/json_schema/grammar constraints need one")
     try:
-        from copy import copy
         b = copy(backend)
         b.no_padding()
         b.no_truncation()
@@ -244,7 +248,7 @@ class Stage:
             self.bias = self._bias(_parse_bias_json(str(params["logit_bias"])))
         self.bad: list[list[int]] = []
         if str(params.get("bad_words") or "").strip():
-            for w in _parse_words(str(params["bad_words"])):
+            for w in parse_words(str(params["bad_words"])):
                 for variant in (w, " " + w):
                     seq = _tokens_of(view, variant)
                     if seq and seq not in self.bad:
@@ -274,8 +278,6 @@ class Stage:
         ids = list(prompt_ids)
         if not self.healing or len(ids) < 2:
             return ids
-        from decoders.ar import view_token
-
         self.heal_text = view_token(self.view, ids[-1])
         special = set(getattr(self.view.tokenizer, "all_special_ids", []) or [])
         mask = torch.zeros(self.vocab, dtype=torch.bool)
@@ -313,9 +315,7 @@ class Row:
         token = int(token)
         if self.matcher is not None:
             if not self.matcher.consume_token(token):
-                from decoders.ar import view_token
-
-                # llguidance's own message is a parser dump: name the token instead
+                        # llguidance's own message is a parser dump: name the token instead
                 raise PlaygroundError(f"token {token} ({view_token(self.stage.view, token)!r}) at output position "
                                       f"{len(self.ids)} is not allowed by the {self.stage.knob} constraint")
         self.ids.append(token)
@@ -413,8 +413,6 @@ class Row:
 
     def evidence(self, logits: torch.Tensor, ok: torch.Tensor) -> dict[str, Any]:
         """Allowed count, removed mass and the top allowed/blocked tokens under ``softmax(logits)``."""
-        from decoders.ar import view_token
-
         p = torch.softmax(logits.float(), -1)
         removed = float(p[~ok].sum())
         view = self.stage.view
