@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from decoders.ar import view_token
+from decoders.token_text import view_token
 from decoders.base import Context, Decoder, get_decoder
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.models import ModelHandle, load_model, token_pieces

@@ -1,7 +1,7 @@
 """Constrained steps: what the constraint allowed and what it took away.
 
 Every step decoded under a constraint (``regex``/``json_schema``/``grammar``, ``bad_words``,
-``token_healing``, ``logit_bias``; see ``decoders/guided/_constraint.py``) carries a
+``token_healing``, ``logit_bias``; see ``decoders/constraint.py``) carries a
 ``constraint`` evidence dict: ``allowed`` tokens of ``vocab``, ``removed_mass`` (the model's
 probability the mask took away) and the top allowed and blocked tokens with their probability
 under the unconstrained (biased) distribution. ``constraint_figure`` draws one step: the
