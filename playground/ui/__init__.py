@@ -37,6 +37,9 @@ def build_app() -> gr.Blocks:
     from playground.ui.watermark_view import WatermarkView
 
     from playground.ui.exports import CACHE_CLEANUP
+    from playground.ui.page_session import PageSessions
+
+    registry = PageSessions()  # one per app: what the server holds for each open page
 
     # delete_cache: Gradio's copies of served files (exports, uploads) go a minute after they were made
     with gr.Blocks(title="Decoder Playground", fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
@@ -45,7 +48,7 @@ def build_app() -> gr.Blocks:
         gr.Markdown(INTRO, elem_id="intro")
         with gr.Tabs(selected="compare", elem_id="tabs") as tabs:
             with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
-                page = ComparePage()
+                page = ComparePage(registry)
                 page.build()
             with gr.Tab("Sessions", id="sessions", elem_id="tab-sessions") as sessions_tab:
                 sessions = SessionsView(page, tabs)
@@ -60,7 +63,9 @@ def build_app() -> gr.Blocks:
         sessions.wire(demo, sessions_tab)
         study.wire(demo)
         watermark.wire(demo)
+        demo.unload(registry.on_unload)  # the page went: its record (and any run) ends
     api_endpoints.hide_ui_events(demo, public)
+    demo.page_sessions = registry  # type: ignore[attr-defined]  (launch gives it to the page's routes)
     demo.compare_page = page  # type: ignore[attr-defined]  (tests drive the handlers directly)
     demo.sessions_view = sessions  # type: ignore[attr-defined]
     demo.study_view = study  # type: ignore[attr-defined]
@@ -80,14 +85,16 @@ def launch(demo: gr.Blocks, **overrides: object) -> None:
 
 
 def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
-    """What :func:`launch` gives Gradio's FastAPI app: the page's routes (with the Sessions
-    tab's export links of ``demo``) and the request guard."""
+    """What :func:`launch` gives Gradio's FastAPI app: the page's routes (serving the page
+    registry and the Sessions tab's export links of ``demo``) and the request guard."""
     from starlette.middleware import Middleware
 
     from playground.ui.api_endpoints import ENDPOINTS
     from playground.ui.page_routes import page_routes
+    from playground.ui.page_session import PageSessions
     from playground.ui.request_guard import RequestGuard
 
     view = getattr(demo, "sessions_view", None)
-    return {"routes": page_routes(getattr(view, "exports", None)),
+    sessions = getattr(demo, "page_sessions", None) or PageSessions()
+    return {"routes": page_routes(sessions=sessions, exports=getattr(view, "exports", None)),
             "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}

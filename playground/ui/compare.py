@@ -26,6 +26,7 @@ from playground.ui.html import error_html, one_line, status_html
 from playground.ui.inspector import InspectorHandlers
 from playground.ui.lane_config import LaneConfigHandlers
 from playground.ui.layout import LaneUI
+from playground.ui.page_session import PageSessions
 from playground.ui.run_session import RunSession
 
 __all__ = ["ComparePage", "LaneUI", "error_html", "one_line", "private_events", "status_html"]
@@ -34,8 +35,9 @@ __all__ = ["ComparePage", "LaneUI", "error_html", "one_line", "private_events", 
 class ComparePage(LaneConfigHandlers, RunSession, InspectorHandlers):
     """Builds the Compare tab inside an open ``gr.Blocks`` and wires its events."""
 
-    def __init__(self) -> None:
+    def __init__(self, sessions: PageSessions) -> None:
         self.lanes: list[LaneUI] = []
+        self.sessions = sessions  # the app's open pages: runner, run token, picked step per page
 
     def build(self) -> None:
         """Create the components; their own events (examples, knob renders) are private too."""

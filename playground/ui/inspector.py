@@ -19,6 +19,7 @@ from playground.ui.html import empty_output, error_html, esc, stats_html
 from playground.ui.events import nothing_is_skip
 from playground.ui.layout import PageLayout
 from playground.ui.live_feed import lane_signature
+from playground.ui.page_session import PageSessions, session_key
 
 PLOT_EVERY_S = 1.0  # plot refresh period while streaming (text streams at the runner's rate)
 
@@ -175,7 +176,7 @@ class InspectorHandlers(PageLayout):
 
     def on_step(self, step: float, traces: list[dict[str, Any]], request: gr.Request) -> dict[Any, Any]:
         """The scrubber moved: redraw each lane's step plots (of the live run while one streams)."""
-        return self.step_updates(_looked_at(request, traces, int(step or 0)), int(step or 0))
+        return self.step_updates(looked_at(self.sessions, request, traces, int(step or 0)), int(step or 0))
 
     def on_token(self, traces: list[dict[str, Any]], align: str, evt: gr.EventData,
                  request: gr.Request) -> dict[Any, Any]:
@@ -190,18 +191,17 @@ class InspectorHandlers(PageLayout):
             from playground.ui.align import at_position
 
             return at_position(self, list(traces or []), data["pos"])
-        return self.step_updates(_looked_at(request, traces, step), step)
+        return self.step_updates(looked_at(self.sessions, request, traces, step), step)
 
 
-def _looked_at(request: Any, traces: list[dict[str, Any]] | None, step: int) -> list[dict[str, Any]]:
+def looked_at(sessions: PageSessions, request: Any, traces: list[dict[str, Any]] | None,
+              step: int) -> list[dict[str, Any]]:
     """The traces the user is looking at: the live snapshots while this page's run streams
     (its traces state is filled in only when it ends; the run's paced redraws now follow
     ``step``), else the stored ``traces``."""
-    from playground.ui.run_session import running_runner, select_step, session_key
-
-    key = session_key(request)
-    select_step(key, step)
-    runner = running_runner(key)
+    page = sessions.page(session_key(request))
+    page.select_step(step)
+    runner = page.running()
     if runner is None:
         return list(traces or [])
     return runner.latest()[1]

@@ -36,7 +36,7 @@ from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import PlotPacer, pending_header
 from playground.ui.layout import PageLayout
-from playground.ui.live_feed import close_feed, open_feed
+from playground.ui.page_session import BUSY_MESSAGE, Busy, PageSession, PageSessions, session_key
 from playground.ui.model_options import option_inputs, page_options, split_options
 
 log = logging.getLogger(__name__)
@@ -63,57 +63,11 @@ JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops 
 FLOW_WINDOW = 3  # one was too few: a short run (3 lanes x 48 tokens) ended before a second frame
 FLOW_WAIT_S = 3.0
 
-# Stop buttons reach the running comparison through this registry (session hash -> runner):
-# the Stop click is a separate event, possibly on another worker thread. One comparison per
-# browser session: a second Run while one is going is refused, so Stop always reaches it.
-_RUNNERS: dict[str, Any] = {}
-_RUNNERS_LOCK = threading.Lock()
-# The step a session's user picked in the inspector while its run streams (None: follow the end).
-_SELECTED: dict[str, int] = {}
-# Sessions whose finished run's plots are still to be drawn (on_draw): True once the user
-# scrubbed or clicked a token meanwhile, so the draw leaves that step's plots alone.
-_DRAW_PENDING: dict[str, bool] = {}
-# Running comparisons by their run token (a value the page holds in #run-token and sends with
-# Stop). Stop cannot rely on the session hash alone: in the browser, after a refused Shift+Enter
-# a Stop request arrived under another session hash than its Run's and stopped nothing.
-_BY_TOKEN: dict[str, Any] = {}
-
-BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
 # Shift+Enter while this page's run streams (Run disabled): the browser says why nothing started.
 BUSY_JS = ("() => { const b = document.querySelector('#run');"
            " return b && b.disabled ? '<div class=\"pg-status pg-status-info pg-notice\">' + "
            + repr(BUSY_MESSAGE) + " + '</div>' : ''; }")
 
-
-class FrameFlow:
-    """How far the page has drawn one run's frames (acknowledged by FLOW_JS)."""
-
-    def __init__(self) -> None:
-        self.drawn = 0  # the newest frame the page has drawn (frames count from 1)
-        self._cond = threading.Condition()
-
-    def ack(self, frame: int) -> None:
-        """The page drew ``frame``."""
-        with self._cond:
-            if frame > self.drawn:
-                self.drawn = frame
-                self._cond.notify_all()
-
-    def wait_drawn(self, frame: int, timeout: float, cancelled: Callable[[], bool]) -> bool:
-        """Wait until the page has drawn ``frame`` (True), for at most ``timeout`` seconds, and
-        no longer once ``cancelled()`` says the run was stopped (Stop's frame goes out at once)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self.drawn < frame:
-                rest = deadline - time.monotonic()
-                if rest <= 0 or cancelled():
-                    return False
-                self._cond.wait(min(rest, 0.05))
-            return True
-
-
-# Runs whose page acknowledges frames, by run token (the acknowledgement names the token).
-_FLOWS: dict[str, FrameFlow] = {}
 
 # Run by the Run event in the browser, before the request leaves. Once per page it installs
 # two things. (1) Frame acknowledgements: whenever the status line shows a new frame number,
@@ -218,10 +172,6 @@ FLOW_JS = """(...args) => {
 }"""
 
 
-class Busy(PlaygroundError):
-    """A second comparison was asked for in a page whose first one is still running."""
-
-
 class RunSession(PageLayout):
     """Run, Stop and Share handlers (mixed into ``ComparePage``)."""
 
@@ -276,7 +226,7 @@ class RunSession(PageLayout):
         options, tail = split_options(self, tuple(args[9 + 4 * self.max_lanes:]))
         owner_key = tail[0] if len(tail) > 1 else None
         flag = str(tail[-1]) if tail and tail[-1] else ""
-        flow = FrameFlow() if flag == "flow" or flag.startswith("flow:") else None
+        wants_flow = flag == "flow" or flag.startswith("flow:")
         n = max(1, min(int(lane_count or 2), self.max_lanes))
         lanes = []
         for j in range(n):
@@ -294,15 +244,19 @@ class RunSession(PageLayout):
             yield {self.status: status_html(str(e), "error")}
             return
         key = session_key(request)
-        if running_runner(key) is not None:
+        page = self.sessions.page(key)
+        if page.running() is not None:
             # No toast: it can lie over the Stop button that the user needs next.
             yield {self.status: status_html(BUSY_MESSAGE, "error")}
             return
         started = time.perf_counter()
         # The page's script names the run (so it can read the live feed and send Stop before the
         # first frame arrives); a page without it, or a token in use, gets one made here.
-        feed = open_feed(flag[len("flow:"):], self._live_render(metric)) if flag.startswith("flow:") else None
+        feed = self.sessions.open_feed(flag[len("flow:"):], self._live_render(metric), key) \
+            if flag.startswith("flow:") else None
         token = flag[len("flow:"):] if feed is not None else secrets.token_urlsafe(16)
+        if feed is None:
+            self.sessions.name_run(key, token)
         end_mark = token if feed is not None else None  # the last frame's status names the run ended
         # Every frame until the last repeats the buttons' state. Gradio streams each output as a
         # diff against its previous frame, and a frame that leaves the buttons out reads as
@@ -323,8 +277,7 @@ class RunSession(PageLayout):
                 start[ui.output] = empty_output(ui.k, "Starting…")
                 start[ui.stats] = stats_html("")
             start[ui.insp_header] = pending_header(ui.k, cfg.decoder)
-        if flow is not None:
-            _FLOWS[token] = flow
+        flow = self.sessions.start_flow(token) if wants_flow else None
         yield start
         frame = 0  # frames sent by the stream (the status line carries the number)
         pacer = PlotPacer()
@@ -335,18 +288,14 @@ class RunSession(PageLayout):
         legends: dict[int, str] = {}  # lane -> the colouring its legend shows (while the feed is read)
         warned: set[int] = set()
         last_status = -1.0
-        _SELECTED.pop(key, None)
-        stream = compare_stream(page_model, prompt, seed_i, mnt, policy, lanes, key)
+        page.selected = None
+        stream = page_race(page_model, prompt, seed_i, mnt, policy, lanes, page)
         try:
             for kind, payload in stream:
                 if kind == "runner":
                     runner = payload
                     if feed is not None:
                         feed.attach(runner)
-                    with _RUNNERS_LOCK:
-                        for t in [t for t, r in _BY_TOKEN.items() if r.finished]:
-                            del _BY_TOKEN[t]  # ended runs leave (a closed page's too)
-                        _BY_TOKEN[token] = runner
                     continue
                 traces = payload
                 for j, tr in enumerate(traces):
@@ -385,7 +334,7 @@ class RunSession(PageLayout):
                 # once from the live snapshot by on_step / on_token); the strip at a paced rate.
                 if pacer.due("strip", now):
                     with pacer.timed("strip"):
-                        up.update(self.strip_updates(traces, follow=key not in _SELECTED))
+                        up.update(self.strip_updates(traces, follow=page.selected is None))
                 if flow is not None and runner is not None:
                     # the page must have drawn all but FLOW_WINDOW of the frames sent so far
                     flow.wait_drawn(frame - FLOW_WINDOW, FLOW_WAIT_S, lambda: runner.cancelled or runner.finished)
@@ -412,9 +361,8 @@ class RunSession(PageLayout):
             return
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
-            picked = _SELECTED.pop(key, None)
-            _FLOWS.pop(token, None)
-            close_feed(token)
+            picked, page.selected = page.selected, None
+            self.sessions.end_run(token)
         stopped = runner is not None and runner.cancelled
         if traces and not (feed is not None and feed.following()):
             # The lanes' final text and stats at once (Stop visibly took effect); saving and
@@ -458,7 +406,7 @@ class RunSession(PageLayout):
                                   value=last if picked is None else min(int(picked), last))
         up.update(self.idle_buttons())
         up[self.notice] = ""
-        _DRAW_PENDING[key] = False
+        page.draw_pending = False
         yield up
 
     def _live_render(self, metric: str) -> Callable[[int, dict[str, Any]], tuple[str, str]]:
@@ -472,19 +420,19 @@ class RunSession(PageLayout):
         fills only the run plots and the strip. Nothing is drawn while this page's next run
         streams, or when there is nothing to draw.
         """
-        key = session_key(request)
-        if not traces or running_runner(key) is not None:
-            _DRAW_PENDING.pop(key, None)
+        page = self.sessions.page(session_key(request))
+        if not traces or page.running() is not None:
+            page.draw_pending = None
             return {}
         try:
             s = int(step) if step is not None else None
         except (TypeError, ValueError):
             s = None
         up = self.inspector_updates(list(traces), s)
-        if running_runner(key) is not None:  # the page's next run started while this drew
-            _DRAW_PENDING.pop(key, None)
+        if page.running() is not None:  # the page's next run started while this drew
+            page.draw_pending = None
             return {}
-        if _DRAW_PENDING.pop(key, False):  # the user picked a step meanwhile: leave the step plots
+        if page.take_draw():  # the user picked a step meanwhile: leave the step plots
             keep = {self.progress_plot, self.divergence}
             for ui in self.lanes:
                 keep.update([ui.insp_column, ui.run_html, *ui.run_plots])
@@ -499,15 +447,14 @@ class RunSession(PageLayout):
         stopped lanes. (Sharing an output with the streaming event was a suspect in a run
         that never showed its last frame.)
         """
-        runner = running_runner(session_key(request))
-        with _RUNNERS_LOCK:
-            by_token = _BY_TOKEN.get(str(token or ""))
+        runner = self.sessions.running_runner(session_key(request))
+        by_token = self.sessions.runner_by_token(token)
         for r in {id(x): x for x in (runner, by_token) if x is not None}.values():
             r.cancel()
 
     def on_share(self, sid: str | None, request: gr.Request) -> str:
         """Show the share link of the current session."""
-        if running_runner(session_key(request)) is not None:
+        if self.sessions.running_runner(session_key(request)) is not None:
             gr.Warning("the comparison is still running: press Share once it is done (or stopped)")
             return ""
         if not sid:
@@ -516,48 +463,14 @@ class RunSession(PageLayout):
         return st.share_url(root_url(request), sid)
 
 
-def stop_run(token: str | None) -> None:
-    """Stop the running comparison whose run token is ``token`` (sent by FLOW_JS when Stop is
-    pressed); an unknown or ended run's token stops nothing."""
-    with _RUNNERS_LOCK:
-        runner = _BY_TOKEN.get(str(token or "")) if token else None
-    if runner is not None:
-        runner.cancel()
-
-
-def on_frame_drawn(value: str | None) -> None:
-    """The page drew frame ``"<run token>:<n>"`` of a run (sent by FLOW_JS); anything else,
-    or a run that has ended, is ignored."""
-    tok, _, n = str(value or "").rpartition(":")
-    flow = _FLOWS.get(tok)
-    if flow is not None and n.isdigit():
-        flow.ack(int(n))
-
-
 # ---------------------------------------------------------------------- the model work
-def running_runner(key: str) -> Any:
-    """The comparison running in browser session ``key``, or None."""
-    with _RUNNERS_LOCK:
-        runner = _RUNNERS.get(key)
-    return runner if runner is not None and not runner.finished else None
-
-
-def select_step(key: str, step: int) -> None:
-    """Remember the step the user picked while session ``key``'s run streams (the Done frame
-    keeps it), or while its plots are being drawn (the draw leaves it alone)."""
-    if running_runner(key) is not None:
-        _SELECTED[key] = int(step)
-    elif key in _DRAW_PENDING:
-        _DRAW_PENDING[key] = True
-
-
-def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
-                         lanes: list[st.LaneConfig], key: str) -> Iterator[tuple[str, Any]]:
+def _page_race_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
+                    lanes: list[st.LaneConfig], page: PageSession) -> Iterator[tuple[str, Any]]:
     """Start the comparison's worker and stream its snapshots at the page's cadence.
 
     Yields ("runner", runner) once, then ("snapshots", [trace dict per lane]) at most
     ``STREAM_RATE`` times per second while something changed, and a final one. Raises
-    :class:`Busy` when this browser session already runs a comparison, and PlaygroundError
+    :class:`Busy` when this page already runs a comparison, and PlaygroundError
     when no lane could start, all for the same page-level reason.
     """
     from playground.runner import Lane, Runner, pending_trace
@@ -565,11 +478,8 @@ def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int
     runner = Runner([Lane(label=cfg.decoder, prepare=_preparer(cfg, model, prompt, seed, max_new_tokens),
                           stub=pending_trace(cfg.decoder, cfg.model or model, prompt, cfg.params, seed))
                      for cfg in lanes], policy=policy, rate=FLOOR_RATE if STREAM_RATE > 0 else 0)
-    with _RUNNERS_LOCK:
-        old = _RUNNERS.get(key)
-        if old is not None and not old.finished:
-            raise Busy(BUSY_MESSAGE)
-        _RUNNERS[key] = runner
+    key = page.key
+    page.claim(runner)
     try:
         runner.start(name=f"playground-compare-{key[:12]}")
         yield "runner", runner
@@ -593,9 +503,7 @@ def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int
         runner.cancel()  # a closed stream (browser gone) must not leave lanes running
         if not runner.join(JOIN_S):
             log.warning("the comparison worker of %s did not end within %.0f s of Stop", key, JOIN_S)
-        with _RUNNERS_LOCK:
-            if _RUNNERS.get(key) is runner:
-                del _RUNNERS[key]
+        page.release(runner)
 
 
 def _preparer(cfg: st.LaneConfig, model: str, prompt: str, seed: int, max_new_tokens: int) -> Callable[[], Any]:
@@ -612,10 +520,10 @@ def _preparer(cfg: st.LaneConfig, model: str, prompt: str, seed: int, max_new_to
 def _gpu_wrapped() -> Callable[..., Iterator[tuple[str, Any]]]:
     from playground.hosting import gpu
 
-    return gpu(_compare_stream_impl)
+    return gpu(_page_race_impl)
 
 
-compare_stream = _gpu_wrapped()
+page_race = _gpu_wrapped()
 
 
 def _check_models_allowed() -> None:
@@ -623,11 +531,6 @@ def _check_models_allowed() -> None:
 
     if limits().no_models:
         raise PlaygroundError("model loading is disabled on this instance (replay only): open a shared session instead")
-
-
-def session_key(request: Any) -> str:
-    """The browser session a request comes from (``"local"`` when called without one)."""
-    return str(getattr(request, "session_hash", None) or "local")
 
 
 def root_url(request: Any) -> str:

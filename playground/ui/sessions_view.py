@@ -39,6 +39,7 @@ from playground.ui.compare import ComparePage, private_events
 from playground.ui.exports import ExportLinks
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, md_text, status_html
+from playground.ui.page_session import PageSession, session_key
 
 HEADERS = ["Title", "Model", "Decoders", "Created (UTC)", "Id"]
 # relative to the page: the app's own route (page_routes.export_route)
@@ -164,8 +165,10 @@ def replay_frame(page: ComparePage, sid: Any, request: Any = None, clear: bool =
             up[ui.run_html] = gr.update(visible=False)
             for comp in [*ui.step_plots, *ui.run_plots]:
                 up[comp] = gr.update(visible=False)
-    if request is not None:
-        _draw_pending(request)
+    ps = _page_session(page, request)
+    if ps is not None:
+        # this page's plots are being drawn: a scrub or token click meanwhile keeps its step
+        ps.draw_pending = False
     return up
 
 
@@ -175,7 +178,7 @@ def replay_step_plots(page: ComparePage, traces: list[dict[str, Any]] | None, st
     plots at scrubber ``step`` (a step the user picked meanwhile keeps its plots). Nothing while this
     page runs a comparison, or without traces."""
     traces = list(traces or [])
-    if not traces or _running(request):
+    if not traces or _running(page, request):
         return {}
     try:
         s = int(step) if step is not None else None
@@ -184,7 +187,8 @@ def replay_step_plots(page: ComparePage, traces: list[dict[str, Any]] | None, st
     up: dict[Any, Any] = {page.progress_plot: visualizers.progress_figure(traces)}
     for comp, (_title, fn) in zip(getattr(page, "compare_plots", []) or [], getattr(visualizers, "COMPARE_PLOTS", [])):
         up[comp] = fn(traces)
-    if not _picked_meanwhile(request):
+    ps = _page_session(page, request)
+    if not (ps is not None and ps.take_draw()):
         up.update(page.step_updates(traces, s if s is not None else 0))
         up.pop(page.step, None)  # the scrubber is the user's: frame one put it in place
         for ui in page.lanes:  # frame one showed the columns: sending their visibility again
@@ -197,7 +201,7 @@ def replay_run_plots(page: ComparePage, traces: list[dict[str, Any]] | None, req
     from playground.ui.inspector import slot_updates
 
     traces = list(traces or [])
-    if not traces or _running(request):
+    if not traces or _running(page, request):
         return {}
     up: dict[Any, Any] = {}
     for j, ui in enumerate(page.lanes[: len(traces)]):
@@ -280,36 +284,14 @@ def _branch_status(session: dict[str, Any]) -> str:
     return f"This is a {line[0].lower()}{line[1:]}."
 
 
-def _key(request: Any) -> str | None:
-    if request is None:
-        return None
-    from playground.ui.run_session import session_key
-
-    return session_key(request)
+def _page_session(page: ComparePage, request: Any) -> PageSession | None:
+    """The page session of ``request`` (None when called without one, as tests and scripts do)."""
+    return page.sessions.page(session_key(request)) if request is not None else None
 
 
-def _running(request: Any) -> bool:
-    from playground.ui.run_session import running_runner
-
-    key = _key(request)
-    return key is not None and running_runner(key) is not None
-
-
-def _draw_pending(request: Any) -> None:
-    """Note that this page's plots are being drawn: a scrub or token click meanwhile (see
-    ``run_session.select_step``) keeps its step."""
-    from playground.ui import run_session
-
-    key = _key(request)
-    if key is not None:
-        run_session._DRAW_PENDING[key] = False
-
-
-def _picked_meanwhile(request: Any) -> bool:
-    from playground.ui import run_session
-
-    key = _key(request)
-    return bool(key is not None and run_session._DRAW_PENDING.pop(key, False))
+def _running(page: ComparePage, request: Any) -> bool:
+    ps = _page_session(page, request)
+    return ps is not None and ps.running() is not None
 
 
 def _safe_filename(title: str) -> str:
