@@ -260,7 +260,7 @@ def test_an_unexpected_failure_is_one_line_not_a_traceback(page, tiny, db, monke
 def test_streamed_outputs_grow_by_appending(page, tiny, db, monkeypatch):
     """While streaming, each frame of a token lane extends the previous one (Gradio then
     sends only the new tokens); the final frame is complete HTML."""
-    import playground.ui.run_session as compare
+    import playground.ui.run_handlers as compare
 
     monkeypatch.setattr(compare, "STREAM_RATE", 0)  # a frame after every step, however fast
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
@@ -400,7 +400,7 @@ def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, monkeypatc
 
 
 def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatch):
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
@@ -474,7 +474,7 @@ def test_a_page_that_acknowledges_frames_is_never_sent_more_than_the_window_ahea
     """Each live frame names itself; before sending frame n the stream waits until the page
     has drawn frame n - FLOW_WINDOW (so frames never queue up in a busy browser, where a click
     on Stop once waited behind them until the run had ended)."""
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     asked: list[tuple[int, int]] = []
@@ -503,7 +503,7 @@ def test_a_page_that_acknowledges_frames_is_never_sent_more_than_the_window_ahea
 
 
 def test_a_page_that_stops_acknowledging_slows_the_stream_but_never_stalls_it(page, tiny, db, monkeypatch):
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     monkeypatch.setattr(rs, "FLOW_WAIT_S", 0.01)
@@ -522,7 +522,7 @@ def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch
     import threading
 
     import playground.engine
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     release = threading.Event()
 
@@ -564,7 +564,7 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
     from playground.ui import launch
     from playground.ui.page_routes import page_routes
     from playground.ui.page_session import PageSessions
@@ -637,7 +637,7 @@ def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypat
     frame name. A stranger's token and an ended run's stop nothing."""
     import threading
 
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     gen = page.on_run(Session("direct"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200), "flow")
@@ -707,7 +707,7 @@ def test_the_traces_state_has_no_change_listener(demo):
 
 
 def test_share_while_running_is_refused_in_one_line(page, tiny, db, monkeypatch):
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(page.sessions, "running_runner", lambda key: object())
     warned = []
@@ -764,6 +764,6 @@ def test_a_page_that_reads_the_live_feed_gets_every_token_once_and_frames_withou
     assert any(ui.output in frames[-1] for ui in page.lanes)  # the final frame has everything
     # ...and names the run ended, so a feed answer still on its way is not applied over it
     assert f'data-run-end="{token}"' in raw_of(frames[-1], page.status)
-    from playground.ui.run_session import FLOW_JS
+    from playground.ui.run_handlers import FLOW_JS
 
     assert "data-run-end" in FLOW_JS

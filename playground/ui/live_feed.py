@@ -4,7 +4,7 @@ Every message Gradio streams costs its frontend a fixed amount of work whatever 
 revisits every component's loading status and state), so lane text sent through the Run
 event's frames could not reach the page more than three or four times a second with six
 lanes on a two-core machine. While a run streams, the page's own script (``FLOW_JS`` in
-:mod:`playground.ui.run_session`) asks this feed instead: a long poll to an unqueued private
+:mod:`playground.ui.run_handlers`) asks this feed instead: a long poll to an unqueued private
 handler that answers as soon as the runner has published something newer, with each changed
 lane's new token HTML (an append when the lane only grew) and its stats line. The script
 patches them into the lane's output and asks again once the browser has drawn them, so the

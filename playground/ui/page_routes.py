@@ -120,7 +120,6 @@ def _guarded(handler: Callable[[Any], Awaitable[Any]], slots: ClientSlots | None
 
 def feed_routes(sessions: PageSessions) -> tuple[Callable[[Any], Awaitable[Any]], ...]:
     """The ``live``, ``ack`` and ``stop`` handlers, answering from the page registry ``sessions``."""
-
     async def live(request: Any) -> Any:
         """The page's poll of its run's live feed (see :meth:`PageSessions.poll_feed`).
 

@@ -149,10 +149,6 @@ class PageSessions:
         if page.feed is not None:
             page.feed.close()
 
-    def on_unload(self, request: Any) -> None:
-        """``demo.unload``: the page of ``request`` closed or reloaded."""
-        self.end(session_key(request))
-
     def _expire(self, now: float) -> None:
         for key, page in list(self._pages.items()):
             if now - page.used_at > self.idle_s and page.running() is None and page.token is None:
