@@ -159,7 +159,7 @@ def option_outputs(page: Any) -> list[Any]:
 def option_updates(page: Any, values: dict[str, Any]) -> dict[Any, Any]:
     """Updates that show a preset's or session's ``chat``/``system_prompt`` (a page without
     them turns chat off; a system prompt is replaced only where the page gives one)."""
-    import gradio as gr
+    import gradio as gr  # lazily, as in build_controls
 
     on = bool(values.get("chat"))
     up: dict[Any, Any] = {page.chat: on}
@@ -172,7 +172,7 @@ def option_updates(page: Any, values: dict[str, Any]) -> dict[Any, Any]:
 
 def wire(page: Any) -> None:
     """Attach the options' own events: the system prompt box follows the chat checkbox."""
-    import gradio as gr
+    import gradio as gr  # lazily, as in build_controls
 
     page.chat.change(lambda on: gr.update(visible=bool(on)), [page.chat], [page.system_prompt],
                      queue=False, show_progress="hidden")
