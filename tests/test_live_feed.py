@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 
 from playground.ui import live_feed
-from playground.ui.live_feed import LiveFeed, close_feed, lane_signature, open_feed, poll_feed, valid_token
+from playground.ui.live_feed import LiveFeed, lane_signature, valid_token
+from playground.ui.page_session import PageSessions
+
+SESSIONS = PageSessions()  # the app's page registry, which holds the running comparisons' feeds
 
 
 class Publisher:
@@ -199,21 +202,21 @@ def test_run_tokens_are_16_to_64_url_safe_characters(token, ok):
 def test_the_registry_serves_polls_by_token_and_forgets_ended_runs(monkeypatch):
     monkeypatch.setattr(live_feed, "POLL_WAIT_S", 0.2)
     token = "t" * 32
-    assert open_feed("bad token", render) is None
-    feed = open_feed(token, render)
-    assert feed is not None and open_feed(token, render) is None  # one feed per token
+    assert SESSIONS.open_feed("bad token", render) is None
+    feed = SESSIONS.open_feed(token, render)
+    assert feed is not None and SESSIONS.open_feed(token, render) is None  # one feed per token
     try:
         pub = Publisher([lane([3])])
         feed.attach(pub)
-        ans = poll_feed(f"{token}:0")
+        ans = SESSIONS.poll_feed(f"{token}:0")
         assert ans["lanes"][0]["html"] == render(0, lane([3]))[0]
-        assert poll_feed(f"{token}:junk")["seq"] == 2  # an unreadable seq is a lost answer: whole lanes
+        assert SESSIONS.poll_feed(f"{token}:junk")["seq"] == 2  # an unreadable seq is a lost answer: whole lanes
     finally:
-        close_feed(token)
+        SESSIONS.close_feed(token)
     assert feed.closed
-    assert poll_feed(f"{token}:2") == {"unknown": True}
-    assert poll_feed("nonsense") == {"unknown": True}
-    assert poll_feed(None) == {"unknown": True}
+    assert SESSIONS.poll_feed(f"{token}:2") == {"unknown": True}
+    assert SESSIONS.poll_feed("nonsense") == {"unknown": True}
+    assert SESSIONS.poll_feed(None) == {"unknown": True}
 
 
 def test_a_poll_that_overtakes_the_run_is_answered_at_once_and_the_next_one_is_served():
@@ -222,15 +225,15 @@ def test_a_poll_that_overtakes_the_run_is_answered_at_once_and_the_next_one_is_s
     token = "o" * 24
     pub = Publisher([lane([8])])
     started = time.monotonic()
-    assert poll_feed(f"{token}:0") == {"unknown": True}
+    assert SESSIONS.poll_feed(f"{token}:0") == {"unknown": True}
     assert time.monotonic() - started < 0.1
-    feed = open_feed(token, render)
+    feed = SESSIONS.open_feed(token, render)
     feed.attach(pub)
     try:
-        ans = poll_feed(f"{token}:0")
+        ans = SESSIONS.poll_feed(f"{token}:0")
         assert ans["lanes"] and ans["lanes"][0]["lane"] == 0
     finally:
-        close_feed(token)
+        SESSIONS.close_feed(token)
 
 
 def test_a_second_poll_of_one_run_never_waits_for_the_first():
@@ -238,18 +241,18 @@ def test_a_second_poll_of_one_run_never_waits_for_the_first():
     parked on the first one's lock."""
     token = "p" * 24
     pub = Publisher([lane([8])])
-    feed = open_feed(token, render)
+    feed = SESSIONS.open_feed(token, render)
     feed.attach(pub)
     try:
-        first = poll_feed(f"{token}:0")  # nothing new after this: the next poll waits up to a second
+        first = SESSIONS.poll_feed(f"{token}:0")  # nothing new after this: the next poll waits up to a second
         assert first["lanes"]
-        waiting = threading.Thread(target=poll_feed, args=(f"{token}:{first['seq']}",))
+        waiting = threading.Thread(target=SESSIONS.poll_feed, args=(f"{token}:{first['seq']}",))
         waiting.start()
         time.sleep(0.1)
         t0 = time.monotonic()
-        second = poll_feed(f"{token}:{first['seq']}")
+        second = SESSIONS.poll_feed(f"{token}:{first['seq']}")
         assert second.get("busy") and time.monotonic() - t0 < 0.1
         waiting.join(5)
     finally:
-        close_feed(token)
+        SESSIONS.close_feed(token)
 

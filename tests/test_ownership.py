@@ -219,13 +219,14 @@ def test_exports_stream_from_the_store_and_leave_nothing_behind(demo, hosted, tm
     import tempfile
 
     from playground.ui.page_routes import page_routes
+    from playground.ui.page_session import PageSessions
 
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # anything written would land here
     sv, store = demo.sessions_view, hosted["store"]
     store.rename_session(hosted["a"], "Spéculatif — 投機的")
-    client = TestClient(Starlette(routes=page_routes(sv.exports)))
+    client = TestClient(Starlette(routes=page_routes(sessions=PageSessions(), exports=sv.exports)))
     hrefs = []
     for _ in range(5):
         link, line = sv.on_export(hosted["a"], KEY_A, None)

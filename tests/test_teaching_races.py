@@ -14,7 +14,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "teaching.md"
 
 def _page_run(decoder: str, **knobs):
     from playground.engine import run_to_end
-    from playground.ui.state import DEFAULT_DIFFUSION, DEFAULT_DRAFT, DEFAULT_MODEL, EXAMPLE_PROMPTS
+    from playground.ui.rules import DEFAULT_DIFFUSION, DEFAULT_DRAFT, DEFAULT_MODEL, EXAMPLE_PROMPTS
     from decoders.base import get_decoder
 
     cls = get_decoder(decoder)
@@ -28,7 +28,7 @@ def _rows() -> list[str]:
 
 
 def test_no_race_has_a_single_lane():
-    from playground.ui.state import MIN_LANES
+    from playground.ui.rules import MIN_LANES
 
     assert MIN_LANES == 2  # the page's − Lane stops at two; if that changes, the guide may say one
     races = [r.split("|")[2] for r in _rows()]

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from playground.ui.page_session import FrameFlow
+
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
 
 CONTRACT_IDS = ["model", "prompt", "seed", "max-new-tokens", "preset", "run", "stop", "step", "share",
@@ -174,11 +176,12 @@ def download_export(sv, sid):
     from starlette.testclient import TestClient
 
     from playground.ui.page_routes import page_routes
+    from playground.ui.page_session import PageSessions
 
     link_up, msg = sv.on_export(sid)
     assert "Exported" in msg and link_up["visible"]
     href = re.search(r'href="([^"]+)"', link_up["value"]).group(1)
-    r = TestClient(Starlette(routes=page_routes(sv.exports))).get("/" + href)
+    r = TestClient(Starlette(routes=page_routes(sessions=PageSessions(), exports=sv.exports))).get("/" + href)
     assert r.status_code == 200 and r.headers["content-disposition"].startswith("attachment;")
     return r.json()
 
@@ -257,7 +260,7 @@ def test_an_unexpected_failure_is_one_line_not_a_traceback(page, tiny, db, monke
 def test_streamed_outputs_grow_by_appending(page, tiny, db, monkeypatch):
     """While streaming, each frame of a token lane extends the previous one (Gradio then
     sends only the new tokens); the final frame is complete HTML."""
-    import playground.ui.run_session as compare
+    import playground.ui.run_handlers as compare
 
     monkeypatch.setattr(compare, "STREAM_RATE", 0)  # a frame after every step, however fast
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
@@ -313,17 +316,15 @@ class Session:
         self.session_hash = name
 
 
-def _runner_of(key):
-    from playground.ui import run_session
-
-    return run_session._RUNNERS.get(key)
+def _runner_of(page, key):
+    return page.sessions.running_runner(key)
 
 
-def _until_running(gen, key):
+def _until_running(page, gen, key):
     """Advance a Run generator until its comparison's worker is registered and decoding."""
     for _ in range(10_000):
         frame = next(gen)
-        r = _runner_of(key)
+        r = _runner_of(page, key)
         if r is not None and any(t.get("steps") for t in r.latest()[1]):
             return r, frame
     raise AssertionError("the run never started decoding")
@@ -332,12 +333,12 @@ def _until_running(gen, key):
 def test_closing_the_run_stream_ends_its_worker(page, tiny, db):
     """The page goes away mid-run (Gradio closes the generator): no decoding thread is left."""
     gen = page.on_run(Session("gone"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
-    runner, _ = _until_running(gen, "gone")
+    runner, _ = _until_running(page, gen, "gone")
     thread = runner.thread
     gen.close()
     thread.join(60)
     assert not thread.is_alive() and runner.cancelled
-    assert _runner_of("gone") is None
+    assert _runner_of(page, "gone") is None
     assert not [t for t in __import__("threading").enumerate() if t.name.startswith("playground-compare-gone")]
 
 
@@ -348,7 +349,7 @@ def test_stop_reaches_the_run_by_its_token_whatever_session_hash_it_comes_with(p
     start = next(first)
     token = start[page.run_token]
     assert token and isinstance(token, str)
-    runner, _ = _until_running(first, "tok")
+    runner, _ = _until_running(page, first, "tok")
     page.on_stop("not-this-run", Session("elsewhere"))  # a stranger's token stops nothing
     assert not runner._cancel.is_set()
     page.on_stop(token, Session("elsewhere"))
@@ -359,11 +360,11 @@ def test_stop_reaches_the_run_by_its_token_whatever_session_hash_it_comes_with(p
 
 def test_a_second_run_in_the_same_page_is_refused_and_stop_still_reaches_the_first(page, tiny, db):
     first = page.on_run(Session("busy"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
-    runner, _ = _until_running(first, "busy")
+    runner, _ = _until_running(page, first, "busy")
     frames = list(page.on_run(Session("busy"), *run_args(page, [("greedy", {})], max_new=4)))
     assert len(frames) == 1 and "already running" in html_of(frames[0], page.status)
     assert page.run_btn not in frames[0]  # the refused run leaves the first one's buttons alone
-    assert _runner_of("busy") is runner
+    assert _runner_of(page, "busy") is runner
     page.on_stop(None, Session("busy"))
     final = list(first)[-1]
     assert "Stopped" in html_of(final, page.status)
@@ -387,7 +388,7 @@ def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, monkeypatc
     args = run_args(page, [("greedy", {}), ("greedy", {})], max_new=200)
     args[9 + 4 + 3] = "hanging-model"  # lane 2's own model
     gen = page.on_run(Session("prep"), *args)
-    runner, _ = _until_running(gen, "prep")
+    runner, _ = _until_running(page, gen, "prep")
     assert runner.lanes[1].preparing
     page.on_stop(None, Session("prep"))
     final = list(gen)[-1]
@@ -399,7 +400,7 @@ def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, monkeypatc
 
 
 def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatch):
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
@@ -473,36 +474,36 @@ def test_a_page_that_acknowledges_frames_is_never_sent_more_than_the_window_ahea
     """Each live frame names itself; before sending frame n the stream waits until the page
     has drawn frame n - FLOW_WINDOW (so frames never queue up in a busy browser, where a click
     on Stop once waited behind them until the run had ended)."""
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     asked: list[tuple[int, int]] = []
-    wait = rs.FrameFlow.wait_drawn
+    wait = FrameFlow.wait_drawn
 
     def spy(self, frame, timeout, cancelled):
         ok = wait(self, frame, timeout, cancelled)
         asked.append((frame, self.drawn))
         return ok
 
-    monkeypatch.setattr(rs.FrameFlow, "wait_drawn", spy)
+    monkeypatch.setattr(FrameFlow, "wait_drawn", spy)
     monkeypatch.setattr(rs, "FLOW_WAIT_S", 120.0)  # a missing acknowledgement would stall the test
     names = []
     for up in page.on_run(Session("flow"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=24), "flow"):
         name = _frame_of(up, page)
         if name:
             names.append(name)
-            rs.on_frame_drawn(name)  # the page drew it
+            page.sessions.frame_drawn(name)  # the page drew it
     assert len(names) > rs.FLOW_WINDOW + 1
     assert [int(n.rsplit(":", 1)[1]) for n in names] == list(range(1, len(names) + 1))
     assert asked and all(drawn >= frame for frame, drawn in asked)  # every wait ended with the frame drawn
     assert [f for f, _ in asked] == [n - rs.FLOW_WINDOW for n in range(1, len(asked) + 1)]
-    assert not rs._FLOWS  # the run's flow leaves with it
-    rs.on_frame_drawn(names[-1])  # a late acknowledgement of an ended run is ignored
-    rs.on_frame_drawn("garbage")
+    assert page.sessions.get("flow").flow is None  # the run's flow leaves with it
+    page.sessions.frame_drawn(names[-1])  # a late acknowledgement of an ended run is ignored
+    page.sessions.frame_drawn("garbage")
 
 
 def test_a_page_that_stops_acknowledging_slows_the_stream_but_never_stalls_it(page, tiny, db, monkeypatch):
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     monkeypatch.setattr(rs, "FLOW_WAIT_S", 0.01)
@@ -521,7 +522,7 @@ def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch
     import threading
 
     import playground.engine
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     release = threading.Event()
 
@@ -539,8 +540,8 @@ def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch
     try:
         for up in gen:  # the page draws the first frames, then falls silent
             if _frame_of(up, page):
-                rs.on_frame_drawn(_frame_of(up, page))
-            runner = _runner_of("swamped")
+                page.sessions.frame_drawn(_frame_of(up, page))
+            runner = _runner_of(page, "swamped")
             if runner is not None and any(t.get("steps") for t in runner.latest()[1]):
                 break
         frames: list = []
@@ -563,9 +564,10 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
     from playground.ui import launch
     from playground.ui.page_routes import page_routes
+    from playground.ui.page_session import PageSessions
 
     run = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")
     assert run.js == rs.FLOW_JS
@@ -576,12 +578,13 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     monkeypatch.setattr(type(demo), "launch", lambda self, **kw: seen.update(kw))
     monkeypatch.setattr(type(demo), "queue", lambda self, **kw: self)
     launch(demo)
-    assert [r.path for r in seen["app_kwargs"]["routes"]] == [r.path for r in page_routes(demo.sessions_view.exports)]
+    assert [r.path for r in seen["app_kwargs"]["routes"]] == [r.path for r in page_routes(sessions=demo.page_sessions, exports=demo.sessions_view.exports)]
 
     acked, stopped = [], []
-    monkeypatch.setattr(rs, "on_frame_drawn", acked.append)
-    monkeypatch.setattr(rs, "stop_run", stopped.append)
-    client = TestClient(Starlette(routes=page_routes()))
+    sessions = PageSessions()
+    monkeypatch.setattr(sessions, "frame_drawn", acked.append)
+    monkeypatch.setattr(sessions, "stop_run", stopped.append)
+    client = TestClient(Starlette(routes=page_routes(sessions=sessions)))
     assert client.post("/playground_api/ack", json={"value": "tok:3"}).status_code == 204
     assert client.post("/playground_api/stop", json={"value": "tok"}).status_code == 204
     assert acked == ["tok:3"] and stopped == ["tok"]
@@ -601,13 +604,14 @@ def test_stop_and_acks_get_through_while_the_same_address_holds_every_poll_slot(
     from starlette.testclient import TestClient
 
     import playground.ui.page_routes as pr
-    import playground.ui.run_session as rs
+    from playground.ui.page_session import PageSessions
 
     stopped, acked = [], []
-    monkeypatch.setattr(rs, "stop_run", stopped.append)
-    monkeypatch.setattr(rs, "on_frame_drawn", acked.append)
+    sessions = PageSessions()
+    monkeypatch.setattr(sessions, "stop_run", stopped.append)
+    monkeypatch.setattr(sessions, "frame_drawn", acked.append)
     monkeypatch.setattr(pr, "ClientSlots", lambda: _FullSlots())
-    client = TestClient(Starlette(routes=pr.page_routes()))
+    client = TestClient(Starlette(routes=pr.page_routes(sessions=sessions)))
     assert client.post("/playground_api/live", json={"value": "x" * 20 + ":0"}).status_code == 429
     assert client.post("/playground_api/stop", json={"value": "tok"}).status_code == 204
     assert client.post("/playground_api/ack", json={"value": "tok:1"}).status_code == 204
@@ -633,7 +637,7 @@ def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypat
     frame name. A stranger's token and an ended run's stop nothing."""
     import threading
 
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
     gen = page.on_run(Session("direct"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200), "flow")
@@ -641,19 +645,19 @@ def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypat
     for up in gen:
         frames.append(up)
         if _frame_of(up, page):
-            rs.on_frame_drawn(_frame_of(up, page))
+            page.sessions.frame_drawn(_frame_of(up, page))
             break
     token = _frame_of(frames[-1], page).rpartition(":")[0]
     consumer = threading.Thread(target=lambda: frames.extend(gen), daemon=True)
     consumer.start()
-    rs.stop_run("not-" + token)
-    rs.stop_run("")
+    page.sessions.stop_run("not-" + token)
+    page.sessions.stop_run("")
     consumer.join(0.3)
     assert consumer.is_alive()  # nothing stopped it
-    rs.stop_run(token)
+    page.sessions.stop_run(token)
     consumer.join(120)
     assert not consumer.is_alive() and "Stopped" in html_of(frames[-1], page.status)
-    rs.stop_run(token)  # the run has ended: nothing happens
+    page.sessions.stop_run(token)  # the run has ended: nothing happens
 
 
 def test_the_stats_line_says_when_a_lossless_lane_left_greedys_path():
@@ -703,9 +707,9 @@ def test_the_traces_state_has_no_change_listener(demo):
 
 
 def test_share_while_running_is_refused_in_one_line(page, tiny, db, monkeypatch):
-    import playground.ui.run_session as rs
+    import playground.ui.run_handlers as rs
 
-    monkeypatch.setattr(rs, "running_runner", lambda key: object())
+    monkeypatch.setattr(page.sessions, "running_runner", lambda key: object())
     warned = []
     monkeypatch.setattr(rs.gr, "Warning", lambda m: warned.append(m))
     assert page.on_share("some-session", Session("share")) == ""
@@ -719,7 +723,6 @@ def test_a_page_that_reads_the_live_feed_gets_every_token_once_and_frames_withou
     and while it follows the feed the Run frames leave the lanes' outputs alone."""
     import threading
 
-    from playground.ui.live_feed import poll_feed
 
     token = "f" * 32
     shown: dict[int, str] = {}
@@ -729,7 +732,7 @@ def test_a_page_that_reads_the_live_feed_gets_every_token_once_and_frames_withou
     def poller() -> None:
         seq = 0
         while not stop.is_set():
-            ans = poll_feed(f"{token}:{seq}")
+            ans = page.sessions.poll_feed(f"{token}:{seq}")
             if ans.get("unknown"):
                 continue  # the run has not registered yet (or has ended)
             answers.append(ans)
@@ -761,6 +764,6 @@ def test_a_page_that_reads_the_live_feed_gets_every_token_once_and_frames_withou
     assert any(ui.output in frames[-1] for ui in page.lanes)  # the final frame has everything
     # ...and names the run ended, so a feed answer still on its way is not applied over it
     assert f'data-run-end="{token}"' in raw_of(frames[-1], page.status)
-    from playground.ui.run_session import FLOW_JS
+    from playground.ui.run_handlers import FLOW_JS
 
     assert "data-run-end" in FLOW_JS

@@ -8,7 +8,7 @@ import html
 
 import pytest
 
-from playground.ui import state as st
+from playground.ui import rules as st
 
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
 

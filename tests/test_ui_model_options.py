@@ -13,7 +13,7 @@ import pytest
 
 from playground.core.errors import PlaygroundError
 from playground.ui import model_options as mo
-from playground.ui import state as st
+from playground.ui import rules as st
 
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
 

@@ -6,7 +6,7 @@ import pytest
 
 from decoders.base import REGISTRY, get_decoder
 from playground.presets import PRESET_DIR, list_presets
-from playground.ui import state as st
+from playground.ui import rules as st
 
 BUNDLED_KIND = {"tiny-shakespeare": "causal", "tiny-shakespeare-draft": "causal",
                 "tiny-shakespeare-diffusion": "diffusion"}

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from playground.core.errors import PlaygroundError
-from playground.ui import state as st
+from playground.ui import rules as st
 
 
 def test_knob_widgets_follow_the_spec():

@@ -244,7 +244,7 @@ def test_views_colour_tokens_and_draw_the_running_z():
 
 def test_lane_output_coloured_green_and_red():
     import visualizers as V
-    from playground.ui import state as st
+    from playground.ui import rules as st
     from visualizers.watermark import GREEN_BG, RED_BG
 
     tr = playground.generate(model=MODEL, decoder="watermark", prompt=PROMPT, max_new_tokens=12, seed=6)

@@ -11,6 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import gradio as gr
+from starlette.middleware import Middleware
+
+import playground.ui.api_endpoints as api_endpoints
+import playground.ui.page_routes as routes
+from playground.hosting import launch_settings, queue_settings
+from playground.ui.api_endpoints import ENDPOINTS
+from playground.ui.compare import ComparePage
+from playground.ui.exports import CACHE_CLEANUP
+from playground.ui.page_session import PageSessions, session_key
+from playground.ui.request_guard import RequestGuard
+from playground.ui.sessions_view import SessionsView
+from playground.ui.study_view import StudyView
+from playground.ui.watermark_view import WatermarkView
+
 
 CSS_PATH = Path(__file__).resolve().parent / "style.css"
 
@@ -30,13 +44,7 @@ def css() -> str:
 def build_app() -> gr.Blocks:
     """Build the Gradio Blocks app (Compare, Sessions, Study and Watermark tabs) with its public API endpoints
     (``playground/ui/api_endpoints.py``); every UI handler is private to the API."""
-    from playground.ui import api_endpoints
-    from playground.ui.compare import ComparePage
-    from playground.ui.sessions_view import SessionsView
-    from playground.ui.study_view import StudyView
-    from playground.ui.watermark_view import WatermarkView
-
-    from playground.ui.exports import CACHE_CLEANUP
+    registry = PageSessions()  # one per app: what the server holds for each open page
 
     # delete_cache: Gradio's copies of served files (exports, uploads) go a minute after they were made
     with gr.Blocks(title="Decoder Playground", fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
@@ -45,7 +53,7 @@ def build_app() -> gr.Blocks:
         gr.Markdown(INTRO, elem_id="intro")
         with gr.Tabs(selected="compare", elem_id="tabs") as tabs:
             with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
-                page = ComparePage()
+                page = ComparePage(registry)
                 page.build()
             with gr.Tab("Sessions", id="sessions", elem_id="tab-sessions") as sessions_tab:
                 sessions = SessionsView(page, tabs)
@@ -60,7 +68,13 @@ def build_app() -> gr.Blocks:
         sessions.wire(demo, sessions_tab)
         study.wire(demo)
         watermark.wire(demo)
+
+        def page_gone(request: gr.Request) -> None:
+            registry.end(session_key(request))  # the page closed or reloaded: its record (and any run) ends
+
+        demo.unload(page_gone)
     api_endpoints.hide_ui_events(demo, public)
+    demo.page_sessions = registry  # type: ignore[attr-defined]  (launch gives it to the page's routes)
     demo.compare_page = page  # type: ignore[attr-defined]  (tests drive the handlers directly)
     demo.sessions_view = sessions  # type: ignore[attr-defined]
     demo.study_view = study  # type: ignore[attr-defined]
@@ -70,8 +84,6 @@ def build_app() -> gr.Blocks:
 
 def launch(demo: gr.Blocks, **overrides: object) -> None:
     """Launch with the queue and launch settings hosting decides, and the page CSS."""
-    from playground.hosting import launch_settings, queue_settings
-
     # the page script's own routes (live feed, frame acknowledgements, Stop) come first; the
     # guard lets only the public API be called by name and caps every request body
     settings = {**launch_settings(), "css": css(), "theme": gr.themes.Soft(),
@@ -80,14 +92,9 @@ def launch(demo: gr.Blocks, **overrides: object) -> None:
 
 
 def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
-    """What :func:`launch` gives Gradio's FastAPI app: the page's routes (with the Sessions
-    tab's export links of ``demo``) and the request guard."""
-    from starlette.middleware import Middleware
-
-    from playground.ui.api_endpoints import ENDPOINTS
-    from playground.ui.page_routes import page_routes
-    from playground.ui.request_guard import RequestGuard
-
+    """What :func:`launch` gives Gradio's FastAPI app: the page's routes (serving the page
+    registry and the Sessions tab's export links of ``demo``) and the request guard."""
     view = getattr(demo, "sessions_view", None)
-    return {"routes": page_routes(getattr(view, "exports", None)),
+    sessions = getattr(demo, "page_sessions", None) or PageSessions()
+    return {"routes": routes.page_routes(sessions=sessions, exports=getattr(view, "exports", None)),
             "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}

@@ -15,56 +15,27 @@ from typing import Any
 
 import gradio as gr
 
+import playground.ui.rules as st
 import visualizers
-from playground.ui import state as st
-from playground.ui.inspector import insp_header, slot_updates
-from playground.ui.layout import PageLayout
+from playground.ui.layout import Layout
+from playground.ui.page_js import page_js
+from playground.ui.updates import insp_header, slot_updates
+from visualizers.canvas import denoise_steps
+from visualizers.tokens import canvas_records, token_records
+
 
 # Hide every inspector column but the focused one (0: show all); plots re-fit on resize. The
 # rule lives in a style element keyed by the columns' ids, not in a class on them: Gradio
 # rewrites a column's classes whenever a run shows or hides it, and the focus must outlast that.
-FOCUS_JS = """
-(f) => {
-  const v = Number(f) || 0;
-  let s = document.getElementById('pg-focus-style');
-  if (!s) {
-    s = document.createElement('style');
-    s.id = 'pg-focus-style';
-    document.head.appendChild(s);
-  }
-  const others = [];
-  document.querySelectorAll('#inspector .inspect-col').forEach((e) => {
-    if (v > 0 && e.id !== 'inspect-' + v) others.push('#' + e.id);
-  });
-  s.textContent = others.length ? others.join(', ') + ' { display: none !important; }' : '';
-  setTimeout(() => window.dispatchEvent(new Event('resize')), 50);
-  return [];
-}
-"""
+FOCUS_JS = page_js("focus_lane.js")
 
 # Under position alignment, outline the token at that position in every lane.
-POSITION_HIGHLIGHT_JS = """
-(p, mode) => {
-  if (mode !== 'position') return [];  // the step scrubber's own highlight is in charge
-  const v = Math.trunc(Number(p));
-  document.querySelectorAll('.tok.cur-step').forEach((e) => e.classList.remove('cur-step'));
-  if (Number.isFinite(v)) {
-    document.querySelectorAll('.tok-output').forEach((o) => {
-      const t = o.querySelectorAll('.tok')[v];
-      if (t) t.classList.add('cur-step');
-    });
-  }
-  return [];
-}
-"""
+POSITION_HIGHLIGHT_JS = page_js("highlight_position.js")
 
 
 def position_steps(trace: dict[str, Any]) -> list[int]:
     """The step that produced each output position of a lane (diffusion: the step that
     committed it; a position still masked counts at the last step shown)."""
-    from visualizers.canvas import denoise_steps
-    from visualizers.tokens import canvas_records, token_records
-
     try:
         recs = canvas_records(trace) if denoise_steps(trace) else token_records(trace)
     except Exception:  # noqa: BLE001 - odd evidence: this lane simply has no positions to align
@@ -72,7 +43,7 @@ def position_steps(trace: dict[str, Any]) -> list[int]:
     return [int(r.step) for r in recs]
 
 
-def wire_align(page: PageLayout, demo: gr.Blocks) -> None:
+def wire_align(page: Layout, demo: gr.Blocks) -> None:
     """Attach the alignment switch, the position scrubber and the focus picker of ``page``."""
     outs = _outputs(page)
     page.align.input(lambda mode, traces: on_align(page, mode, traces), [page.align, page.traces],
@@ -86,20 +57,20 @@ def wire_align(page: PageLayout, demo: gr.Blocks) -> None:
     page.focus.change(None, [page.focus], None, js=FOCUS_JS)
 
 
-def _outputs(page: PageLayout) -> list[Any]:
+def _outputs(page: Layout) -> list[Any]:
     out: list[Any] = []
     for ui in page.lanes:
         out += [ui.insp_header, ui.step_html, *ui.step_plots]
     return out
 
 
-def position_range(page: PageLayout, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
+def position_range(page: Layout, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
     """The position scrubber's range for ``traces`` (at the last position)."""
     top = st.scrub_top("position", [], [position_steps(t) for t in traces or []])
     return {page.position: gr.update(minimum=0, maximum=max(top - 1, 1), value=max(top - 1, 0))}
 
 
-def on_align(page: PageLayout, mode: str, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
+def on_align(page: Layout, mode: str, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
     """Switch between step and token-position alignment, redrawing every lane at the last
     step / position."""
     traces = list(traces or [])
@@ -115,18 +86,18 @@ def on_align(page: PageLayout, mode: str, traces: list[dict[str, Any]] | None) -
     return up
 
 
-def on_position(page: PageLayout, pos: float, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
+def on_position(page: Layout, pos: float, traces: list[dict[str, Any]] | None) -> dict[Any, Any]:
     """The position scrubber moved: each lane shows the step that produced its token there."""
     return aligned_updates(page, list(traces or []), int(pos or 0), "position")
 
 
-def at_position(page: PageLayout, traces: list[dict[str, Any]], pos: int) -> dict[Any, Any]:
+def at_position(page: Layout, traces: list[dict[str, Any]], pos: int) -> dict[Any, Any]:
     """A token at output position ``pos`` was clicked under position alignment: move the
     position scrubber there and show every lane at the step that produced its token there."""
     return {page.position: gr.update(value=pos), **aligned_updates(page, traces, pos, "position")}
 
 
-def aligned_updates(page: PageLayout, traces: list[dict[str, Any]], value: int, mode: str) -> dict[Any, Any]:
+def aligned_updates(page: Layout, traces: list[dict[str, Any]], value: int, mode: str) -> dict[Any, Any]:
     """Every lane's inspector header and step plots at scrubber ``value`` under ``mode``."""
     counts = [visualizers.step_count(t) for t in traces]
     steps = st.aligned_steps(value, mode, counts, [position_steps(t) for t in traces] if mode == "position" else [])

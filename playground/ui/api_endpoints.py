@@ -23,15 +23,21 @@ describe the endpoints, and it does not resolve strings.
 
 import contextlib
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import gradio as gr
+from gradio import route_utils
 
-from playground import api
-from playground import inputs
+import playground.ui.rules as st
+from playground import api, inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
+from playground.engine import prepare
 from playground.hosting import gpu, model_event_settings
+from playground.runner import Runner
+from playground.store import default_store
+from playground.ui.rules import share_url
+
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,27 @@ def generate(model: str = api.DEFAULT_MODEL, decoder: str = "greedy", prompt: st
                                 params=api.knob_dict("knobs", knobs))
 
 
+# One parameter list for /compare and /compare_stream (Gradio reads it from each docstring).
+COMPARE_PARAMETERS = """
+    Parameters:
+        preset: a preset name (playground list-presets); it gives the lanes, model, prompt, seed and length
+        lanes: a JSON list of lanes [{"decoder", "knobs", "draft", "model"}], replacing the preset's
+        prompt: the prompt text (default: the preset's)
+        model: the model of every lane without its own (default: the preset's, else tiny-shakespeare)
+        seed: the random seed (default: the preset's, else 0)
+        max_new_tokens: most tokens per lane (default: the preset's, else 64)
+        policy: who steps next: forwards (equal target forwards, the default), cost (equal cost),
+            wall (equal wall time), steps (equal steps) or free (round robin)
+"""
+
+
+def race_parameters(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give the race endpoint ``fn`` the race's parameter list, after its own description."""
+    fn.__doc__ = (fn.__doc__ or "").rstrip() + "\n" + COMPARE_PARAMETERS
+    return fn
+
+
+@race_parameters
 def compare(preset: str | None = None, lanes: list[Any] | str | None = None, prompt: str | None = None,
             model: str | None = None, seed: int | None = None, max_new_tokens: int | None = None,
             policy: str | None = None, request: gr.Request = None) -> dict[str, Any]:
@@ -95,15 +122,6 @@ def compare(preset: str | None = None, lanes: list[Any] | str | None = None, pro
     Returns {"traces": [trace per lane], "done": true, "session_id", "share_link"} (the id and
     link are null when the session could not be saved).
 
-    Parameters:
-        preset: a preset name (playground list-presets); it gives the lanes, model, prompt, seed and length
-        lanes: a JSON list of lanes [{"decoder", "knobs", "draft", "model"}], replacing the preset's
-        prompt: the prompt text (default: the preset's)
-        model: the model of every lane without its own (default: the preset's, else tiny-shakespeare)
-        seed: the random seed (default: the preset's, else 0)
-        max_new_tokens: most tokens per lane (default: the preset's, else 64)
-        policy: who steps next: forwards (equal target forwards, the default), cost (equal cost),
-            wall (equal wall time), steps (equal steps) or free (round robin)
     """
     frame: dict[str, Any] = {}
     for frame in _comparison(preset, lanes, prompt, model, seed, max_new_tokens, policy, request, stream=False):
@@ -111,20 +129,12 @@ def compare(preset: str | None = None, lanes: list[Any] | str | None = None, pro
     return frame
 
 
+@race_parameters
 def compare_stream(preset: str | None = None, lanes: list[Any] | str | None = None, prompt: str | None = None,
                    model: str | None = None, seed: int | None = None, max_new_tokens: int | None = None,
                    policy: str | None = None, request: gr.Request = None) -> Iterator[dict[str, Any]]:
     """The /compare race, streamed: snapshots {"traces", "done": false} as the lanes advance, then the final /compare result.
 
-    Parameters:
-        preset: a preset name (playground list-presets); it gives the lanes, model, prompt, seed and length
-        lanes: a JSON list of lanes [{"decoder", "knobs", "draft", "model"}], replacing the preset's
-        prompt: the prompt text (default: the preset's)
-        model: the model of every lane without its own (default: the preset's, else tiny-shakespeare)
-        seed: the random seed (default: the preset's, else 0)
-        max_new_tokens: most tokens per lane (default: the preset's, else 64)
-        policy: who steps next: forwards (equal target forwards, the default), cost (equal cost),
-            wall (equal wall time), steps (equal steps) or free (round robin)
     """
     yield from _comparison(preset, lanes, prompt, model, seed, max_new_tokens, policy, request, stream=True)
 
@@ -135,8 +145,6 @@ def session(session_id: str) -> dict[str, Any]:
     Parameters:
         session_id: the id from /compare or from a share link (?session=<id>)
     """
-    from playground.store import default_store
-
     with one_line_errors():
         sid = inputs.text("session_id", session_id, 200)
         return default_store().export_session(sid.strip())
@@ -154,16 +162,12 @@ def decoders(family: str | None = None) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------- the model work
 def _generate_impl(**request: Any) -> dict[str, Any]:
-    from playground.engine import prepare
-
     return prepare(**request).finish().to_dict()
 
 
 def _race_impl(plan: api.ComparePlan, stream: bool) -> Iterator[tuple[bool, list[dict[str, Any]]]]:
     """Prepare every lane (refusing the whole race if one cannot run) and run them in
     lockstep; yields (final, snapshots): streamed frames, then the final one."""
-    from playground.runner import Runner
-
     runner = Runner(api.prepare_lanes(plan), policy=plan.policy, rate=STREAM_RATE)
     try:
         if not stream:
@@ -204,9 +208,6 @@ def _comparison(preset: Any, lanes: Any, prompt: Any, model: Any, seed: Any, max
 
 def _save(plan: api.ComparePlan, own_lanes: bool, traces: list[dict[str, Any]]) -> str | None:
     """Store the comparison as the page does; None when nothing ran or it cannot be stored."""
-    from playground.store import default_store
-    from playground.ui import state as st
-
     if not any(t.get("steps") for t in traces):
         return None
     lanes = [st.LaneConfig(decoder=lane["decoder"], params=dict(lane["params"]),
@@ -224,10 +225,6 @@ def _save(plan: api.ComparePlan, own_lanes: bool, traces: list[dict[str, Any]]) 
 
 def _share_link(request: Any, sid: str) -> str | None:
     """The page's share link for ``sid``, on the URL the client called."""
-    from gradio import route_utils
-
-    from playground.ui.state import share_url
-
     try:
         req = request.request
         return share_url(route_utils.get_root_url(req, route_utils.get_api_call_path(req), None), sid)

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import gradio as gr
 
+from playground import engine
+from playground.branching import branch_session, resolve_token, step_position, token_choices
 from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
+from playground.hosting import gpu, model_event_settings
 from playground.ownership import one_user, owner_id
+from playground.store import default_store
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import esc, one_line, status_html
+from playground.ui.layout import Layout
 
-if TYPE_CHECKING:  # the page mixes the layout with the handlers that open sessions
-    from playground.ui.compare import ComparePage
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +57,6 @@ def lane_choices(traces: list[dict[str, Any]] | None, max_lanes: int) -> list[tu
 def target(traces: list[dict[str, Any]] | None, lane: Any, step: Any) -> Target:
     """The lane and step a branch would replace a token of: the scrubber's step, clamped to the
     lane's last step as the inspector shows it, with a one-line ``problem`` when it cannot be."""
-    from playground.branching import step_position
-
     traces = list(traces or [])
     j = _int(lane, 0)
     s = max(0, _int(step, 0))
@@ -91,8 +93,6 @@ def where_html(t: Target, traces: list[dict[str, Any]] | None) -> str:
 
 def check_can_run() -> None:
     """Refuse on a replay-only instance: a branch runs the model."""
-    from playground.core.settings import limits
-
     if limits().no_models:
         raise PlaygroundError("branching runs the model, and model loading is disabled on this instance "
                               "(replay only)")
@@ -101,14 +101,11 @@ def check_can_run() -> None:
 def pick_token(traces: list[dict[str, Any]], t: Target, choice: Any, typed: Any) -> int:
     """The replacement token: typed text (one token of the lane's tokenizer, or a token id)
     when given, else the token picked from the step's top-K."""
-    from playground.branching import resolve_token
-
     text = "" if typed is None else str(typed)
     if text != "":
         tokenizer = None
         if not text.strip().isdigit():
             check_can_run()  # the tokenizer comes with the lane's model
-            from playground import engine
 
             tokenizer = engine.load_model(traces[t.lane]["model"]).tokenizer
         return resolve_token(text, tokenizer)
@@ -121,10 +118,6 @@ def run_branch(sid: str, lane: int, token: int, step: int, scope: str, owner_key
     """Run the branch (with the model, under the hosting's GPU wrapper) and store it as the
     branching browser's; its id. It is filed under its parent only where the caller may change
     the parent (:mod:`playground.ownership`)."""
-    from playground.branching import branch_session
-    from playground.hosting import gpu
-    from playground.store import default_store
-
     store = default_store()
     attach = one_user() or (owner_id(owner_key) is not None and store.session_owner(sid) == owner_id(owner_key))
     return gpu(branch_session)(store, sid, lane, token, step=step, lanes=scope, owner=owner_id(owner_key),
@@ -146,13 +139,15 @@ def branch_note(session: dict[str, Any]) -> str:
 class BranchPanel:
     """The branch controls of the Compare page's inspector and their handlers."""
 
-    def __init__(self, page: "ComparePage") -> None:
-        self.page = page
+    def __init__(self, ui: Layout, open_session: Callable[[Any], dict[Any, Any]]) -> None:
+        """``ui``: the page's components; ``open_session``: shows a stored session in the page
+        (the lane configuration's), which is how a finished branch or its parent is opened."""
+        self.ui, self.open_session = ui, open_session
 
     # ================================================================== components
     def build(self) -> None:
         """Create the panel (inside the page's inspector section)."""
-        page = self.page
+        page = self.ui
         with gr.Accordion("Branch: what if this lane had picked another token here?", open=False,
                           elem_id="branch-panel", elem_classes=["branch-panel"]) as acc:
             self.accordion = acc
@@ -180,9 +175,7 @@ class BranchPanel:
     # ================================================================== events
     def wire(self, demo: gr.Blocks) -> None:
         """Attach token clicks, scrubbing, the lane picker, Branch and Open the parent."""
-        from playground.hosting import model_event_settings
-
-        page = self.page
+        page = self.ui
         for ui in page.lanes:
             ui.output.click(nothing_is_skip(self.on_click), [page.traces, self.lane], self.pick_outputs() + [self.accordion],
                             show_progress="hidden")
@@ -207,12 +200,10 @@ class BranchPanel:
     # ================================================================== handlers
     def on_pick(self, traces: list[dict[str, Any]] | None, lane: Any, step: Any) -> dict[Any, Any]:
         """Show what branching lane ``lane`` at ``step`` would replace, and its top-K."""
-        from playground.branching import token_choices
-
         t = target(traces, lane, step)
         choices = [] if t.problem else token_choices(list(traces or [])[t.lane], t.step)
         return {self.where: where_html(t, traces),
-                self.lane: gr.update(choices=lane_choices(traces, self.page.max_lanes), value=t.lane),
+                self.lane: gr.update(choices=lane_choices(traces, self.ui.max_lanes), value=t.lane),
                 self.choice: gr.update(choices=choices, value=None), self.typed: ""}
 
     def on_click(self, traces: list[dict[str, Any]] | None, lane: Any, evt: gr.EventData) -> dict[Any, Any]:
@@ -231,8 +222,6 @@ class BranchPanel:
         parent = None
         if sid:
             try:
-                from playground.store import default_store
-
                 parent = default_store().load_session(str(sid)).get("parent")
             except PlaygroundError:
                 parent = None
@@ -262,8 +251,7 @@ class BranchPanel:
             log.exception("branch failed")
             return {self.status: status_html(one_line(f"the branch failed: {type(e).__name__}: {e}"), "error"),
                     **done}
-        up = self.page.open_session(bid)
-        from playground.store import default_store
+        up = self.open_session(bid)
 
         up[self.status] = status_html(branch_note(default_store().load_session(bid)), "ok")
         up.update(done)
@@ -273,7 +261,7 @@ class BranchPanel:
         """Open the parent of the branch the page shows."""
         if not parent:
             return {self.status: status_html("this session is not a branch", "error")}
-        return {**self.page.open_session(parent), self.status: ""}
+        return {**self.open_session(parent), self.status: ""}
 
 
 def _int(x: Any, default: int) -> int:

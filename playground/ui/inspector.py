@@ -1,5 +1,6 @@
 """What the Compare page shows of traces: lane outputs and stats, the step inspector, the
-comparison strip, and the handlers that redraw them (scrubber, token click, colouring).
+comparison strip (:class:`InspectorHandlers`, built on the pure :mod:`playground.ui.updates`),
+and the handlers that redraw them (scrubber, token click, colouring).
 
 :class:`PlotPacer` decides when a streaming run may redraw plots, so drawing never crowds
 out decoding.
@@ -14,55 +15,57 @@ from typing import Any, Callable
 import gradio as gr
 
 import visualizers
-from playground.ui import state as st
-from playground.ui.html import empty_output, error_html, esc, stats_html
+import playground.ui.rules as st
+from playground.ui.align import at_position
 from playground.ui.events import nothing_is_skip
-from playground.ui.layout import PageLayout
+from playground.ui.html import empty_output, error_html, stats_html
+from playground.ui.layout import Layout
 from playground.ui.live_feed import lane_signature
+from playground.ui.page_js import page_js
+from playground.ui.page_session import PageSessions, session_key
+from playground.ui.updates import compare_updates, insp_header, slot_updates
 
 PLOT_EVERY_S = 1.0  # plot refresh period while streaming (text streams at the runner's rate)
 
 # Outline the tokens of the scrubbed step in every lane (client-side, no round trip).
-HIGHLIGHT_JS = """
-(s) => {
-  const v = Number(s);
-  document.querySelectorAll('.tok.cur-step').forEach((e) => e.classList.remove('cur-step'));
-  if (Number.isFinite(v)) {
-    document.querySelectorAll('.tok[data-step="' + String(Math.trunc(v)) + '"]').forEach((e) => e.classList.add('cur-step'));
-  }
-  return [];
-}
-"""
+HIGHLIGHT_JS = page_js("highlight_step.js")
 
 
-class InspectorHandlers(PageLayout):
-    """Update builders and handlers of the results (mixed into ``ComparePage``)."""
+class InspectorHandlers:
+    """Update builders and handlers of the results, over the page's components ``ui``; the
+    page registry ``sessions`` says which run a page streams and keeps the step picked meanwhile."""
+
+    def __init__(self, ui: Layout, sessions: PageSessions) -> None:
+        self.ui, self.sessions = ui, sessions
 
     # ================================================================== events
     def wire_inspector(self, demo: gr.Blocks) -> None:
-        """Attach the scrubber, token-click and colouring events."""
-        self.step.input(nothing_is_skip(self.on_step), [self.step, self.traces], self.step_outputs(), show_progress="hidden",
-                        trigger_mode="always_last")
-        self.step.change(None, [self.step], None, js=HIGHLIGHT_JS)
-        for ui in self.lanes:
-            ui.output.click(nothing_is_skip(self.on_token), [self.traces, self.align], self.step_outputs() + [self.position],
-                            show_progress="hidden")
-        self.branch.wire(demo)
-        self.metric.change(nothing_is_skip(self.on_metric), [self.metric, self.traces],
-                           [c for ui in self.lanes for c in (ui.output, ui.legend, ui.stats)],
-                           show_progress="hidden")
+        """Attach the scrubber and token-click events."""
+        page = self.ui
+        page.step.input(nothing_is_skip(self.on_step), [page.step, page.traces], page.step_outputs(),
+                        show_progress="hidden", trigger_mode="always_last")
+        page.step.change(None, [page.step], None, js=HIGHLIGHT_JS)
+        for lane in page.lanes:
+            lane.output.click(nothing_is_skip(self.on_token), [page.traces, page.align],
+                              page.step_outputs() + [page.position], show_progress="hidden")
+
+    def wire_metric(self, demo: gr.Blocks) -> None:
+        """Attach the colouring picker."""
+        self.ui.metric.change(nothing_is_skip(self.on_metric), [self.ui.metric, self.ui.traces],
+                              [c for ui in self.ui.lanes for c in (ui.output, ui.legend, ui.stats)],
+                              show_progress="hidden")
 
     # ================================================================== update builders
     def result_updates(self, traces: list[dict[str, Any]], metric: str, step: int | None = None,
                        plots: bool = True, status: str | None = None, sid: Any = None,
                        live: bool = False) -> dict[Any, Any]:
         """Updates that show ``traces`` (lane outputs, stats and, with ``plots``, the inspector)."""
-        up: dict[Any, Any] = {self.traces: traces, self.shown: secrets.token_hex(8)}
+        up: dict[Any, Any] = {self.ui.traces: traces, self.ui.shown: secrets.token_hex(8)}
         if status is not None:
-            up[self.status] = status
+            up[self.ui.status] = status
         if sid is not None:
-            up[self.sid] = sid
-        for j, ui in enumerate(self.lanes):
+            up[self.ui.sid] = sid
+        for j, ui in enumerate(self.ui.lanes):
             if j >= len(traces):
                 continue
             up.update(self.lane_updates(j, traces[j], metric, live=live))
@@ -73,7 +76,7 @@ class InspectorHandlers(PageLayout):
     def live_updates(self, traces: list[dict[str, Any]], metric: str, shown: dict[int, Any]) -> dict[Any, Any]:
         """While streaming: output and stats of the lanes that changed since ``shown`` (updated)."""
         up: dict[Any, Any] = {}
-        for j, tr in enumerate(traces[: len(self.lanes)]):
+        for j, tr in enumerate(traces[: len(self.ui.lanes)]):
             sig = lane_signature(tr)
             if shown.get(j) == sig:
                 continue
@@ -81,7 +84,7 @@ class InspectorHandlers(PageLayout):
             shown[j] = sig
             lane = self.lane_updates(j, tr, metric, live=True)
             if not first:
-                lane.pop(self.lanes[j].legend)  # the colouring does not change while a lane runs
+                lane.pop(self.ui.lanes[j].legend)  # the colouring does not change while a lane runs
             up.update(lane)
         return up
 
@@ -89,24 +92,24 @@ class InspectorHandlers(PageLayout):
         """While the page reads lane text from the live feed: a lane's legend when its colouring
         is first known or changes (``shown``: lane -> metric, updated)."""
         up: dict[Any, Any] = {}
-        for j, tr in enumerate(traces[: len(self.lanes)]):
+        for j, tr in enumerate(traces[: len(self.ui.lanes)]):
             m = st.auto_metric(tr, metric)
             if shown.get(j) != m:
                 shown[j] = m
-                up[self.lanes[j].legend] = visualizers.legend_html(m)
+                up[self.ui.lanes[j].legend] = visualizers.legend_html(m)
         return up
 
     def live_lane(self, j: int, trace: dict[str, Any], metric: str) -> tuple[str, str]:
         """Lane ``j``'s streaming output (an open string that grows by appending) and stats,
         as the live feed sends them (empty for a lane the page does not have)."""
-        if j >= len(self.lanes):
+        if j >= len(self.ui.lanes):
             return "", ""
         up = self.lane_updates(j, trace, metric, live=True)
-        return up[self.lanes[j].output], up[self.lanes[j].stats]
+        return up[self.ui.lanes[j].output], up[self.ui.lanes[j].stats]
 
     def lane_updates(self, j: int, trace: dict[str, Any], metric: str, live: bool = False) -> dict[Any, Any]:
         """Output, legend and stats of lane ``j`` (0-based); ``live`` while streaming."""
-        ui = self.lanes[j]
+        ui = self.ui.lanes[j]
         m = st.auto_metric(trace, metric)
         if trace.get("preparing"):
             return {ui.output: empty_output(ui.k, "Preparing (loading models if needed)…"),
@@ -134,13 +137,13 @@ class InspectorHandlers(PageLayout):
         top = max(counts, default=0)
         s = top - 1 if step is None else step
         s = max(0, min(int(s), max(top - 1, 0)))
-        up: dict[Any, Any] = {self.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=s) if follow
+        up: dict[Any, Any] = {self.ui.step: gr.update(minimum=0, maximum=max(top - 1, 1), value=s) if follow
                               else gr.update(minimum=0, maximum=max(top - 1, 1))}
         if run_plots:
-            up[self.progress_plot] = visualizers.progress_figure(traces)
-            up[self.divergence] = visualizers.divergence_html(traces)
-            up.update(compare_updates(self.compare_plots, traces))
-        for j, ui in enumerate(self.lanes):
+            up[self.ui.progress_plot] = visualizers.progress_figure(traces)
+            up[self.ui.divergence] = visualizers.divergence_html(traces)
+            up.update(compare_updates(self.ui.compare_plots, traces))
+        for j, ui in enumerate(self.ui.lanes):
             if j >= len(traces):
                 up[ui.insp_column] = gr.update(visible=False)
                 continue
@@ -156,9 +159,9 @@ class InspectorHandlers(PageLayout):
         """The cheap part of the inspector: scrubber range and the comparison strip."""
         top = max((visualizers.step_count(t) for t in traces), default=0)
         rng = {"minimum": 0, "maximum": max(top - 1, 1)}
-        return {self.step: gr.update(**rng, value=max(top - 1, 0)) if follow else gr.update(**rng),
-                self.progress_plot: visualizers.progress_figure(traces),
-                self.divergence: visualizers.divergence_html(traces)}
+        return {self.ui.step: gr.update(**rng, value=max(top - 1, 0)) if follow else gr.update(**rng),
+                self.ui.progress_plot: visualizers.progress_figure(traces),
+                self.ui.divergence: visualizers.divergence_html(traces)}
 
     def step_updates(self, traces: list[dict[str, Any]], step: int) -> dict[Any, Any]:
         """What a scrubber move changes: each lane's step plots (and its header)."""
@@ -169,13 +172,13 @@ class InspectorHandlers(PageLayout):
         """Recolour every lane's output."""
         up: dict[Any, Any] = {}
         for j, tr in enumerate(traces or []):
-            if j < len(self.lanes):
+            if j < len(self.ui.lanes):
                 up.update(self.lane_updates(j, tr, metric))
         return up
 
     def on_step(self, step: float, traces: list[dict[str, Any]], request: gr.Request) -> dict[Any, Any]:
         """The scrubber moved: redraw each lane's step plots (of the live run while one streams)."""
-        return self.step_updates(_looked_at(request, traces, int(step or 0)), int(step or 0))
+        return self.step_updates(looked_at(self.sessions, request, traces, int(step or 0)), int(step or 0))
 
     def on_token(self, traces: list[dict[str, Any]], align: str, evt: gr.EventData,
                  request: gr.Request) -> dict[Any, Any]:
@@ -187,66 +190,21 @@ class InspectorHandlers(PageLayout):
         except (TypeError, ValueError):
             return {}
         if align == "position" and isinstance(data.get("pos"), int) and data["pos"] >= 0:
-            from playground.ui.align import at_position
-
-            return at_position(self, list(traces or []), data["pos"])
-        return self.step_updates(_looked_at(request, traces, step), step)
+            return at_position(self.ui, list(traces or []), data["pos"])
+        return self.step_updates(looked_at(self.sessions, request, traces, step), step)
 
 
-def _looked_at(request: Any, traces: list[dict[str, Any]] | None, step: int) -> list[dict[str, Any]]:
+def looked_at(sessions: PageSessions, request: Any, traces: list[dict[str, Any]] | None,
+              step: int) -> list[dict[str, Any]]:
     """The traces the user is looking at: the live snapshots while this page's run streams
     (its traces state is filled in only when it ends; the run's paced redraws now follow
     ``step``), else the stored ``traces``."""
-    from playground.ui.run_session import running_runner, select_step, session_key
-
-    key = session_key(request)
-    select_step(key, step)
-    runner = running_runner(key)
+    page = sessions.page(session_key(request))
+    page.select_step(step)
+    runner = page.running()
     if runner is None:
         return list(traces or [])
     return runner.latest()[1]
-
-
-def compare_updates(plots: list[Any], traces: list[dict[str, Any]]) -> dict[Any, Any]:
-    """The compare strip's figures over all lanes (``visualizers.COMPARE_PLOTS``, in order)."""
-    return {comp: fn(traces) for comp, (_title, fn) in zip(plots, visualizers.COMPARE_PLOTS)}
-
-
-def slot_updates(html_comp: Any, plots: list[Any], figs: list[tuple[str, Any]]) -> dict[Any, Any]:
-    """Fill an inspector column's HTML block and plot slots with ``figs`` (title, figure/HTML)."""
-    up: dict[Any, Any] = {}
-    htmls = [(t, f) for t, f in figs if isinstance(f, str)]
-    plots_in = [(t, f) for t, f in figs if not isinstance(f, str)]
-    if htmls:
-        body = "".join(f'<div class="insp-block"><div class="insp-title">{esc(t)}</div>{f}</div>' for t, f in htmls)
-        up[html_comp] = gr.update(value=body, visible=True)
-    else:
-        up[html_comp] = gr.update(value="", visible=False)
-    for j, comp in enumerate(plots):
-        if j < len(plots_in):
-            up[comp] = gr.update(value=plots_in[j][1], visible=True, label=plots_in[j][0])
-        else:
-            up[comp] = gr.update(visible=False)
-    return up
-
-
-def pending_header(k: int, decoder: str) -> str:
-    """Lane ``k``'s inspector header while its run streams: the plots follow when it ends."""
-    return (f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k} · {esc(decoder or "?")}'
-            f'<span class="insp-where insp-pending">plots when the run ends — or scrub / click a token'
-            f'</span></div>')
-
-
-def insp_header(k: int, trace: dict[str, Any], step: int, count: int) -> str:
-    """The header of lane ``k``'s inspector column: decoder, step and step kind."""
-    dec = esc(trace.get("decoder") or "?")
-    where = f"step {step} of {count - 1}" if count else "no steps"
-    kind = ""
-    steps = trace.get("steps") or []
-    if count and 0 <= step < len(steps) and isinstance(steps[step], dict):
-        kind = f" · {esc(steps[step].get('kind', ''))} step"
-    return (f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k} · {dec}'
-            f'<span class="insp-where">{where}{kind}</span></div>')
 
 
 class PlotPacer:

@@ -1,5 +1,5 @@
 """Lane configuration of the Compare page: presets, decoder pick, knob controls, lane count,
-model status, the default page and opening a stored session.
+model status, the default page and opening a stored session (:class:`LaneHandlers`).
 
 Lane knobs are rendered from the decoder's parameter spec with ``gr.render`` and kept in one
 ``gr.State`` dict per lane.
@@ -11,23 +11,31 @@ import secrets
 
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable
 
 import gradio as gr
 
+import playground.ui.model_options as mo
+import playground.ui.rules as st
 from playground.core.errors import PlaygroundError
-from playground.ui import model_options as mo
-from playground.ui import state as st
+from playground.core.models import BUNDLED, BUNDLED_DIR, load_model
+from playground.core.settings import limits
+from playground.hosting import model_event_settings
+from playground.store import default_store
 from playground.ui.html import empty_output, error_html, human, md_text, stats_html, status_html
-from playground.ui.layout import LaneUI, PageLayout
+from playground.ui.inspector import InspectorHandlers
+from playground.ui.layout import LaneUI, Layout
+from playground.ui.page_js import page_js
 
-OWNER_JS = (Path(__file__).resolve().parent / "owner.js").read_text(encoding="utf-8")
 DEFAULT_PRESETS = ("speculative-showdown", "greedy-beam-sampling")  # what a first visit shows
 
 
-class LaneConfigHandlers(PageLayout):
-    """Handlers that set up the lanes (mixed into :class:`~playground.ui.compare.ComparePage`)."""
+class LaneHandlers:
+    """Handlers that set up the lanes, over the page's components ``ui``; ``inspector`` draws
+    an opened session's results."""
+
+    def __init__(self, ui: Layout, inspector: InspectorHandlers) -> None:
+        self.ui, self.inspector = ui, inspector
 
     def knob_render(self, ui: LaneUI) -> None:
         """Render lane ``ui``'s knob controls from its decoder's spec, again on every nonce bump."""
@@ -60,49 +68,36 @@ class LaneConfigHandlers(PageLayout):
     # ================================================================== events
     def wire_config(self, demo: gr.Blocks) -> None:
         """Attach the configuration events (preset, model, lane count, decoder picks)."""
-        from playground.hosting import model_event_settings
-
-        self.preset.input(self.on_preset, [self.preset], self.lane_config_outputs() + [self.status])
+        self.ui.preset.input(self.on_preset, [self.ui.preset], self.ui.lane_config_outputs() + [self.ui.status])
         # Model work shares one concurrency group (loading a model races nothing else).
         model_in, model_out = self.model_io()
-        self.model.change(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
-        self.model_path.submit(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
-        mo.wire(self)
-        if self.trust_remote_code is not None:
+        self.ui.model.change(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
+        self.ui.model_path.submit(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
+        mo.wire(self.ui)
+        if self.ui.trust_remote_code is not None:
             # Ticking the opt-in loads the model it was refused for (and unticking says why not).
-            self.trust_remote_code.input(self.on_model, model_in, model_out, show_progress="minimal",
+            self.ui.trust_remote_code.input(self.on_model, model_in, model_out, show_progress="minimal",
                                          **model_event_settings())
-        lane_setup = [c for ui in self.lanes for c in (ui.decoder, ui.knobs, ui.nonce, ui.info, ui.draft, ui.model)]
-        count_outputs = [self.lane_count, self.add_btn, self.remove_btn, self.status] + [u.column for u in self.lanes]
+        lane_setup = [c for ui in self.ui.lanes for c in (ui.decoder, ui.knobs, ui.nonce, ui.info, ui.draft, ui.model)]
+        count_outputs = [self.ui.lane_count, self.ui.add_btn, self.ui.remove_btn, self.ui.status] + [u.column for u in self.ui.lanes]
         # Queued (not queue=False): only a queued event's reply carries the changed states, so
         # only then does a nonce bump reach the knob render.
-        self.add_btn.click(self.on_add, [self.lane_count, self.model, self.model_path],
+        self.ui.add_btn.click(self.on_add, [self.ui.lane_count, self.ui.model, self.ui.model_path],
                            count_outputs + lane_setup, show_progress="hidden")
-        self.remove_btn.click(self.on_remove, [self.lane_count], count_outputs, show_progress="hidden")
-        for ui in self.lanes:
-            ui.decoder.input(self.on_decoder, [ui.decoder, self.model, ui.model, ui.draft],
+        self.ui.remove_btn.click(self.on_remove, [self.ui.lane_count], count_outputs, show_progress="hidden")
+        for ui in self.ui.lanes:
+            ui.decoder.input(self.on_decoder, [ui.decoder, self.ui.model, ui.model, ui.draft],
                              [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model], show_progress="hidden")
-        # The inspector's alignment and focus controls are wired here, the page's one hook
-        # for setup events that run_session and inspector do not own.
-        from playground.ui.align import wire_align
-
-        wire_align(self, demo)
-        budget_inputs = [self.model, self.model_path, self.prompt, self.max_new]
-        self.prompt.change(self.on_budget, budget_inputs, [self.max_new], show_progress="hidden",
+        budget_inputs = [self.ui.model, self.ui.model_path, self.ui.prompt, self.ui.max_new]
+        self.ui.prompt.change(self.on_budget, budget_inputs, [self.ui.max_new], show_progress="hidden",
                            trigger_mode="always_last")
-        self.max_new.change(self.on_budget, budget_inputs, [self.max_new], show_progress="hidden",
+        self.ui.max_new.change(self.on_budget, budget_inputs, [self.ui.max_new], show_progress="hidden",
                             trigger_mode="always_last")
 
     def wire_load(self, demo: gr.Blocks) -> None:
-        """Attach the page-load events: the default page (or a shared session) and model status."""
-        from playground.hosting import model_event_settings
-
-        # A shared session opens in one frame, text and plots together: in a page still being
-        # built, a second frame cost Chromium more than it saved (measured: every plot drawn
-        # 8.4-12.2 s after navigation in one frame, 12.4-13.5 s in two, the text ~0.5 s sooner).
-        demo.load(self.on_load, None, self.page_outputs(), show_progress="hidden")
+        """Attach the page-load events of the setup: the owner key and the model status."""
         # The owner key, from the browser alone (no server round trip).
-        demo.load(None, None, [self.owner_key], js=OWNER_JS, show_progress="hidden")
+        demo.load(None, None, [self.ui.owner_key], js=page_js("owner.js"), show_progress="hidden")
         # Warm the model cache as soon as the page opens, so the first Run starts at once.
         model_in, model_out = self.model_io()
         demo.load(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
@@ -110,27 +105,27 @@ class LaneConfigHandlers(PageLayout):
     def model_io(self) -> tuple[list[Any], list[Any]]:
         """Inputs and outputs of :meth:`on_model`: the page's model, prompt and budget, and the
         remote-code opt-in where the page has one; its status, budget and chat help line."""
-        ins = [self.model, self.model_path, self.prompt, self.max_new]
-        if self.trust_remote_code is not None:
-            ins.append(self.trust_remote_code)
-        return ins, [self.model_status, self.max_new, self.chat]
+        ins = [self.ui.model, self.ui.model_path, self.ui.prompt, self.ui.max_new]
+        if self.ui.trust_remote_code is not None:
+            ins.append(self.ui.trust_remote_code)
+        return ins, [self.ui.model_status, self.ui.max_new, self.ui.chat]
 
     # ================================================================== update builders
     def config_updates(self, page: dict[str, Any], preset: str | None = None) -> dict[Any, Any]:
         """Updates that show ``page`` (from :func:`state.preset_page`/:func:`state.session_page`)."""
-        lanes: list[st.LaneConfig] = page["lanes"][: self.max_lanes]
+        lanes: list[st.LaneConfig] = page["lanes"][: self.ui.max_lanes]
         n = max(len(lanes), 1)
         nonce = time.time_ns()
         up: dict[Any, Any] = {
-            self.model: gr.update(value=page["model"]), self.model_path: "", self.prompt: page["prompt"],
-            self.seed: page["seed"], self.max_new: page["max_new_tokens"],
-            self.policy: page.get("policy", "forwards"), self.lane_count: n, self.preset_state: preset,
-            self.preset_info: md_text(page.get("description", "")),
+            self.ui.model: gr.update(value=page["model"]), self.ui.model_path: "", self.ui.prompt: page["prompt"],
+            self.ui.seed: page["seed"], self.ui.max_new: page["max_new_tokens"],
+            self.ui.policy: page.get("policy", "forwards"), self.ui.lane_count: n, self.ui.preset_state: preset,
+            self.ui.preset_info: md_text(page.get("description", "")),
         }
         if "metric" in page:
-            up[self.metric] = page["metric"]
-        up.update(mo.option_updates(self, page))
-        for j, ui in enumerate(self.lanes):
+            up[self.ui.metric] = page["metric"]
+        up.update(mo.option_updates(self.ui, page))
+        for j, ui in enumerate(self.ui.lanes):
             if j < len(lanes):
                 cfg = lanes[j]
                 spec = st.decoder_spec(cfg.decoder)
@@ -151,15 +146,15 @@ class LaneConfigHandlers(PageLayout):
         """Lanes ``1..n`` after a run that was refused or failed before they started: the
         reason in red in each (never a lasting "Starting…"), no stats, and no session: what the
         previous run left (its traces, its share link) is not this page's any more."""
-        return {self.traces: [], self.shown: secrets.token_hex(8), self.sid: None,
-                **{ui.output: error_html(message) + empty_output(ui.k, "Not run.") for ui in self.lanes[:n]},
-                **{ui.stats: stats_html("") for ui in self.lanes[:n]},
-                **{ui.insp_header: f'<div class="lane-title">Lane {ui.k}</div>' for ui in self.lanes[:n]}}
+        return {self.ui.traces: [], self.ui.shown: secrets.token_hex(8), self.ui.sid: None,
+                **{ui.output: error_html(message) + empty_output(ui.k, "Not run.") for ui in self.ui.lanes[:n]},
+                **{ui.stats: stats_html("") for ui in self.ui.lanes[:n]},
+                **{ui.insp_header: f'<div class="lane-title">Lane {ui.k}</div>' for ui in self.ui.lanes[:n]}}
 
     def count_buttons(self, n: int) -> dict[Any, Any]:
         """"+ Lane" and "− Lane" enabled only where they can do something at ``n`` lanes."""
-        can_add, can_remove = st.lane_buttons(n, self.max_lanes)
-        return {self.add_btn: gr.update(interactive=can_add), self.remove_btn: gr.update(interactive=can_remove)}
+        can_add, can_remove = st.lane_buttons(n, self.ui.max_lanes)
+        return {self.ui.add_btn: gr.update(interactive=can_add), self.ui.remove_btn: gr.update(interactive=can_remove)}
 
     # ================================================================== handlers
     def on_preset(self, name: str) -> dict[Any, Any]:
@@ -168,15 +163,15 @@ class LaneConfigHandlers(PageLayout):
             page = st.preset_page(name)
         except PlaygroundError as e:
             gr.Warning(str(e))
-            return {self.status: status_html(str(e), "error")}
+            return {self.ui.status: status_html(str(e), "error")}
         up = self.config_updates(page, preset=name)
         missing = [c.decoder for c in page["lanes"] if st.decoder_spec(c.decoder) is None]
         msg = f"Preset “{page['title']}” loaded — press Run."
-        if len(page["lanes"]) > self.max_lanes:
-            msg += f" (only its first {self.max_lanes} lanes: this instance allows {self.max_lanes})"
+        if len(page["lanes"]) > self.ui.max_lanes:
+            msg += f" (only its first {self.ui.max_lanes} lanes: this instance allows {self.ui.max_lanes})"
         if missing:
             msg += f" (decoders not available here: {', '.join(missing)})"
-        up[self.status] = status_html(msg)
+        up[self.ui.status] = status_html(msg)
         return up
 
     def on_model(self, model: str, path: str, prompt: str = "", max_new: Any = None,
@@ -184,13 +179,11 @@ class LaneConfigHandlers(PageLayout):
         """Load (or find in the cache) the picked model, showing what it is, whether it has a
         chat template and the new-token budget its context leaves after the prompt. A model
         that needs its own code is not loaded until the remote-code opt-in is ticked."""
-        from playground.core.settings import limits
-
         spec = (path or "").strip() or (model or "").strip()
         if not spec:
-            return {self.model_status: "", self.max_new: gr.update(info=None), self.chat: gr.update(info=mo.CHAT_INFO)}
+            return {self.ui.model_status: "", self.ui.max_new: gr.update(info=None), self.ui.chat: gr.update(info=mo.CHAT_INFO)}
         if limits().no_models:
-            return {self.model_status: status_html("Replay-only instance: models are not loaded here; shared "
+            return {self.ui.model_status: status_html("Replay-only instance: models are not loaded here; shared "
                                                    "sessions still open.", "info")}
         trust = mo.page_options(trust_remote_code=trust_remote_code)["trust_remote_code"]
         try:
@@ -199,13 +192,13 @@ class LaneConfigHandlers(PageLayout):
             handle = _load(spec, trust_remote_code=True) if trust else _load(spec)
         except PlaygroundError as e:
             gr.Warning(str(e))
-            return {self.model_status: status_html(str(e), "error"), self.max_new: gr.update(info=None),
-                    self.chat: gr.update(info=mo.CHAT_INFO)}
+            return {self.ui.model_status: status_html(str(e), "error"), self.ui.max_new: gr.update(info=None),
+                    self.ui.chat: gr.update(info=mo.CHAT_INFO)}
         st.remember_model(spec, handle)
         nparams = sum(p.numel() for p in handle.model.parameters())
-        return {self.model_status: status_html(f"✓ {handle.name} · {handle.kind} · {human(nparams)} parameters · "
+        return {self.ui.model_status: status_html(f"✓ {handle.name} · {handle.kind} · {human(nparams)} parameters · "
                                                f"context {handle.context_length} tokens", "ok"),
-                self.chat: gr.update(info=mo.chat_template_note(handle)),
+                self.ui.chat: gr.update(info=mo.chat_template_note(handle)),
                 **self.on_budget(model, path, prompt, max_new)}
 
     def on_budget(self, model: str, path: str, prompt: str, max_new: Any) -> dict[Any, Any]:
@@ -214,9 +207,7 @@ class LaneConfigHandlers(PageLayout):
         spec = (path or "").strip() or (model or "").strip()
         b = st.page_budget(spec, prompt or "")
         if b is None:
-            return {self.max_new: gr.update(info=None)}
-        from playground.core.settings import limits
-
+            return {self.ui.max_new: gr.update(info=None)}
         lim = limits().max_new_tokens
         note = st.budget_note(b["model"], b["context"], b["prompt_tokens"], lim)
         try:
@@ -225,38 +216,38 @@ class LaneConfigHandlers(PageLayout):
             note = f"⚠ {e}"
         except (TypeError, ValueError):
             pass  # not a number: the Run check says so
-        return {self.max_new: gr.update(info=note)}
+        return {self.ui.max_new: gr.update(info=note)}
 
     def on_add(self, n: int, model: str = "", path: str = "") -> dict[Any, Any]:
         """Show one more lane, set up with a decoder the page's model can run; at the limit,
         say so."""
         n0 = int(n or 0)
-        n, note = st.add_lane(n0, self.max_lanes)
-        up: dict[Any, Any] = {self.lane_count: n, **self.count_buttons(n)}
-        up.update({ui.column: gr.update(visible=j < n) for j, ui in enumerate(self.lanes)})
+        n, note = st.add_lane(n0, self.ui.max_lanes)
+        up: dict[Any, Any] = {self.ui.lane_count: n, **self.count_buttons(n)}
+        up.update({ui.column: gr.update(visible=j < n) for j, ui in enumerate(self.ui.lanes)})
         if note:
             gr.Info(note)
-            up[self.status] = status_html(note)
+            up[self.ui.status] = status_html(note)
             return up
         spec = (path or "").strip() or (model or "").strip()
         cfg = st.new_lane(spec, page_kind=st.loaded_kind(spec))
-        ui = self.lanes[n - 1]
+        ui = self.ui.lanes[n - 1]
         up.update({ui.decoder: gr.update(value=cfg.decoder), ui.knobs: dict(cfg.params), ui.nonce: time.time_ns(),
                    ui.info: st.decoder_info_md(cfg.decoder, cfg.params), ui.model: st.SAME_MODEL,
                    ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
-                   self.status: status_html(f"Lane {n} added ({cfg.decoder})." + _limit_note(n, self.max_lanes))})
+                   self.ui.status: status_html(f"Lane {n} added ({cfg.decoder})." + _limit_note(n, self.ui.max_lanes))})
         return up
 
     def on_remove(self, n: int) -> dict[Any, Any]:
         """Hide the last lane; at the limit (two lanes), say so."""
         n, note = st.remove_lane(int(n or 0))
-        up: dict[Any, Any] = {self.lane_count: n, **self.count_buttons(n)}
-        up.update({ui.column: gr.update(visible=j < n) for j, ui in enumerate(self.lanes)})
+        up: dict[Any, Any] = {self.ui.lane_count: n, **self.count_buttons(n)}
+        up.update({ui.column: gr.update(visible=j < n) for j, ui in enumerate(self.ui.lanes)})
         if note:
             gr.Info(note)
-            up[self.status] = status_html(note)
+            up[self.ui.status] = status_html(note)
         else:
-            up[self.status] = status_html(f"Lane {n + 1} removed." + _limit_note(n, self.max_lanes))
+            up[self.ui.status] = status_html(f"Lane {n + 1} removed." + _limit_note(n, self.ui.max_lanes))
         return up
 
     def on_decoder(self, decoder: str, page_model: str, lane_model: str, draft: str | None = None) -> list[Any]:
@@ -270,19 +261,6 @@ class LaneConfigHandlers(PageLayout):
             else gr.update(visible=False)
         return [knobs, time.time_ns(), draft_up, st.decoder_info_md(decoder, knobs), lm or st.SAME_MODEL]
 
-    def on_load(self, request: gr.Request) -> dict[Any, Any]:
-        """Page load: replay ``?session=<id>`` if given, else show the default preset."""
-        params = dict(getattr(request, "query_params", {}) or {}) if request is not None else {}
-        sid = params.get("session")
-        if sid is not None:
-            from playground.ui.sessions_view import replay_frame, replay_plots
-
-            first = replay_frame(self, sid, request)
-            if not first.get(self.traces):  # a bad id: the frame says why
-                return first
-            return {**first, **replay_plots(self, first[self.traces], first[self.step]["value"], request)}
-        return self.default_page()
-
     def default_page(self) -> dict[Any, Any]:
         """The page as a first visit shows it: the first preset that runs here."""
         up: dict[Any, Any] = {}
@@ -292,46 +270,44 @@ class LaneConfigHandlers(PageLayout):
                 page = st.preset_page(name)
             except PlaygroundError:
                 continue
-            if all(st.decoder_spec(c.decoder) for c in page["lanes"]) and 2 <= len(page["lanes"]) <= self.max_lanes \
+            if all(st.decoder_spec(c.decoder) for c in page["lanes"]) and 2 <= len(page["lanes"]) <= self.ui.max_lanes \
                     and _models_present(page):
                 up = self.config_updates(page, preset=name)
-                up[self.preset] = name
+                up[self.ui.preset] = name
                 break
         else:
             page = {"model": st.DEFAULT_MODEL, "prompt": st.EXAMPLE_PROMPTS[0], "seed": 0, "max_new_tokens": 48,
                     "lanes": [st.LaneConfig("greedy"), st.LaneConfig("greedy")]}
             up = self.config_updates(page)
-        for ui in self.lanes[: up.get(self.lane_count, 2)]:
+        for ui in self.ui.lanes[: up.get(self.ui.lane_count, 2)]:
             up[ui.output] = empty_output(ui.k)
-        up[self.status] = status_html("Press Run to race the lanes. Pick another preset or change any lane.")
-        up.update(self.idle_buttons())
+        up[self.ui.status] = status_html("Press Run to race the lanes. Pick another preset or change any lane.")
+        up.update(self.ui.idle_buttons())
         return up
 
     def open_session(self, sid: Any) -> dict[Any, Any]:
         """Replay a stored session: text, colours, stats, scrubber and every plot, no model."""
-        from playground.store import default_store
-
         try:
             session = default_store().load_session(str(sid))
         except PlaygroundError as e:
             up = self.default_page()
             msg = f"Could not open the shared session: {e}."
             gr.Warning(msg)
-            up[self.status] = status_html(msg, "error")
+            up[self.ui.status] = status_html(msg, "error")
             return up
         page = st.session_page(session)
         up = self.config_updates(page)
         how = mo.options_note(page["chat"], page["system_prompt"] or None)
-        up[self.preset_info] = md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
+        up[self.ui.preset_info] = md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
                                        f"({session['created'][:16].replace('T', ' ')} UTC) — no model loaded."
                                        + (f" {st._md_escape(how)}" if how else ""))
         runs = page["runs"]
-        up.update(self.result_updates(runs, page["metric"], step=None, sid=session["id"],
+        up.update(self.inspector.result_updates(runs, page["metric"], step=None, sid=session["id"],
                                       status=status_html(f"Replaying “{session['title']}”: {len(runs)} lanes, "
                                                          f"stored {session['created'][:10]}. Press Run to run it again.",
                                                          "ok")))
-        up.update(self.idle_buttons())
-        up[self.share_link] = ""
+        up.update(self.ui.idle_buttons())
+        up[self.ui.share_link] = ""
         return up
 
 
@@ -360,14 +336,10 @@ _WIDGETS: dict[str, Callable[..., Any]] = {
 
 
 def _load(spec: str, trust_remote_code: bool = False) -> Any:
-    from playground.core.models import load_model
-
     return load_model(spec, trust_remote_code=trust_remote_code)
 
 
 def _models_present(page: dict[str, Any]) -> bool:
     """Whether the bundled models a page names are installed (other specs are assumed loadable)."""
-    from playground.core.models import BUNDLED, BUNDLED_DIR
-
     names = {page["model"]} | {c.model for c in page["lanes"] if c.model} | {c.draft for c in page["lanes"] if c.draft}
     return all((BUNDLED_DIR / n / "config.json").exists() for n in names if n in BUNDLED)

@@ -1,55 +1,33 @@
 """The Compare page's components: toolbar, lane cards, inspector columns, and their groups.
 
-:class:`PageLayout` creates every component once (``build``) and names the groups that
-handlers read and write (``result_outputs`` …). It holds no behaviour: the lane
-configuration (``lane_config``), the streaming session (``run_session``) and the inspector
-(``inspector``) attach their handlers to these components.
+:class:`Layout` creates every component once (``build``) and names the groups that
+handlers read and write (``result_outputs`` …). It holds no behaviour: the handler groups —
+lane configuration (``lane_config``), Run/Stop/Share (``run_handlers``), the inspector
+(``inspector``), the branch panel (``branch_panel``) — receive it and attach their handlers
+to these components.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import gradio as gr
 
 import visualizers
-from playground.ui import state as st
+import playground.ui.rules as st
+from playground.core.models import list_models
+from playground.core.settings import limits
 from playground.ui.html import empty_output, status_html
 from playground.ui.model_options import build_controls as build_model_options
 from playground.ui.model_options import option_outputs
+from playground.ui.page_js import page_js
 
 STEP_SLOTS = visualizers.MAX_STEP_PLOTS  # most figures step_figures returns for one step kind
 RUN_SLOTS = visualizers.MAX_RUN_PLOTS  # most figures run_figures returns for one trace
 
 # Clicking a token jumps the inspector to its step; the output box follows the newest token.
-TOKEN_CLICK_JS = """
-element.addEventListener('click', (ev) => {
-  const t = ev.target.closest('.tok[data-step]');
-  if (!t || !element.contains(t)) return;
-  const step = parseInt(t.dataset.step, 10);
-  if (Number.isNaN(step)) return;
-  // pos: the token's place in this lane's output (the inspector's token-position alignment)
-  const pos = Array.prototype.indexOf.call(element.querySelectorAll('.tok'), t);
-  trigger('click', {step: step, lane: parseInt(t.dataset.lane || '0', 10), pos: pos});
-});
-""" + """
-// Follow the newest token unless the reader scrolled up. Every update replaces the output's
-// HTML (and with it the scrolling box), so the position is kept here and restored.
-const follow = {on: true, top: 0};
-element.addEventListener('scroll', (ev) => {
-  const b = ev.target;
-  if (!b.classList || !b.classList.contains('tok-output')) return;
-  follow.on = b.scrollHeight - b.scrollTop - b.clientHeight < 24;
-  follow.top = b.scrollTop;
-}, true);
-new MutationObserver(() => {
-  const b = element.querySelector('.tok-output');
-  if (!b) return;
-  if (b.querySelector('.tok-empty')) { follow.on = true; follow.top = 0; }
-  b.scrollTop = follow.on ? b.scrollHeight : follow.top;
-}).observe(element, {childList: true, subtree: true});
-"""
+TOKEN_CLICK_JS = page_js("token_click.js")
 
 
 @dataclass
@@ -75,17 +53,16 @@ class LaneUI:
     run_plots: list[Any] = field(default_factory=list)
 
 
-class PageLayout:
+class Layout:
     """Creates the Compare page's components (inside an open ``gr.Blocks``) and groups them."""
 
     lanes: list[LaneUI]
     compare_plots: list[Any]
-    branch: Any  # playground.ui.branch_panel.BranchPanel
 
-    def build(self) -> None:
-        """Create the components (call inside ``with gr.Blocks()`` / a tab)."""
-        from playground.core.settings import limits
-
+    def build(self, knob_render: Callable[[LaneUI], None], build_branch: Callable[[], None]) -> None:
+        """Create the components (call inside ``with gr.Blocks()`` / a tab). ``knob_render``
+        renders a lane's knob controls (the lane configuration's), ``build_branch`` creates the
+        branch panel's components in their place above the inspector columns."""
         lim = limits()
         self.lanes = []
         self.max_lanes = max(st.MIN_LANES, min(st.MAX_LANES, lim.max_lanes))
@@ -131,7 +108,7 @@ class PageLayout:
         # Says that a second Run (Shift+Enter while one is going) was not started. Its own element,
         # written by the browser alone: the status line is rewritten by every frame of the run.
         self.notice = gr.HTML("", elem_id="run-notice")
-        # The running comparison's token: Run writes it, Stop sends it back (see run_session).
+        # The running comparison's token: Run writes it, Stop sends it back (see run_handlers).
         self.run_token = gr.Textbox("", visible=False, elem_id="run-token")
         # The browser's owner key (ownership.py): the page's script fills it in on load; the
         # events that save or change sessions send it.
@@ -149,7 +126,7 @@ class PageLayout:
 
         with gr.Row(elem_id="lanes", equal_height=False):
             for k in range(1, self.max_lanes + 1):
-                self.lanes.append(self._build_lane(k, models))
+                self.lanes.append(self._build_lane(k, models, knob_render))
 
         with gr.Row(elem_id="share-row", equal_height=True):
             self.share_btn = gr.Button("Share", elem_id="share", scale=1, min_width=110)
@@ -176,15 +153,12 @@ class PageLayout:
                                   for j, (title, fn) in enumerate(visualizers.COMPARE_PLOTS)]
             with gr.Column(scale=2, min_width=260):
                 self.divergence = gr.HTML("", elem_id="divergence", elem_classes=["divergence"])
-        from playground.ui.branch_panel import BranchPanel
-
-        self.branch = BranchPanel(self)  # type: ignore[arg-type]  (the page is a ComparePage)
-        self.branch.build()
+        build_branch()
         with gr.Row(elem_id="inspector", equal_height=False):
             for lane in self.lanes:
                 self._build_inspector(lane)
 
-    def _build_lane(self, k: int, models: list[Any]) -> LaneUI:
+    def _build_lane(self, k: int, models: list[Any], knob_render: Callable[[LaneUI], None]) -> LaneUI:
         ui = LaneUI(k=k)
         # Output first, settings folded below it: while lanes race, their text is what matters.
         with gr.Column(visible=k <= 3, elem_id=f"lane-{k}", elem_classes=["lane-card"], min_width=340) as col:
@@ -209,12 +183,8 @@ class PageLayout:
                                            elem_id=f"lane-{k}-model", allow_custom_value=True, min_width=140)
                     ui.draft = gr.Dropdown(models, value=st.DEFAULT_DRAFT, label="Draft model", visible=False,
                                            elem_id=f"lane-{k}-draft", allow_custom_value=True, min_width=140)
-                self.knob_render(ui)
+                knob_render(ui)
         return ui
-
-    def knob_render(self, ui: LaneUI) -> None:
-        """Render lane ``ui``'s knob controls (provided by the lane configuration)."""
-        raise NotImplementedError
 
     def _build_inspector(self, ui: LaneUI) -> None:
         with gr.Column(visible=ui.k <= 3, elem_id=f"inspect-{ui.k}", elem_classes=["inspect-col"],
@@ -290,8 +260,6 @@ def compare_plot_id(fn: Any, j: int) -> str:
 
 def model_choices() -> list[Any]:
     """The model dropdown's choices: bundled models that are installed, then cached ones."""
-    from playground.core.models import list_models
-
     out: list[Any] = []
     for m in list_models():
         if m["source"] == "bundled" and not m["available"]:

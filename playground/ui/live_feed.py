@@ -4,7 +4,7 @@ Every message Gradio streams costs its frontend a fixed amount of work whatever 
 revisits every component's loading status and state), so lane text sent through the Run
 event's frames could not reach the page more than three or four times a second with six
 lanes on a two-core machine. While a run streams, the page's own script (``FLOW_JS`` in
-:mod:`playground.ui.run_session`) asks this feed instead: a long poll to an unqueued private
+:mod:`playground.ui.run_handlers`) asks this feed instead: a long poll to an unqueued private
 handler that answers as soon as the runner has published something newer, with each changed
 lane's new token HTML (an append when the lane only grew) and its stats line. The script
 patches them into the lane's output and asks again once the browser has drawn them, so the
@@ -13,6 +13,9 @@ page reads as fast as it can draw and never queues frames it cannot draw.
 The Run event's frames still carry the status line, legends, the comparison strip and the
 final result; they carry lane text only while nobody polls the feed (a page without the
 script, or one whose script stopped), so the two paths never write the same lane at once.
+
+The feeds of running comparisons are found by run token in the app's page registry
+(:class:`playground.ui.page_session.PageSessions`), which the page's routes answer from.
 """
 
 from __future__ import annotations
@@ -155,51 +158,6 @@ class LiveFeed:
         return {"seq": self.seq, "lanes": lanes, "done": done}
 
 
-_FEEDS: dict[str, LiveFeed] = {}
-_FEEDS_LOCK = threading.Lock()
-
-
 def valid_token(token: Any) -> bool:
     """Whether ``token`` can name a run (the page makes it: 16 to 64 URL-safe characters)."""
     return isinstance(token, str) and TOKEN_RE.fullmatch(token) is not None
-
-
-def open_feed(token: str, render: Render) -> LiveFeed | None:
-    """A new feed under ``token``, or None when the token is malformed or already in use."""
-    with _FEEDS_LOCK:
-        if not valid_token(token) or token in _FEEDS:
-            return None
-        feed = _FEEDS[token] = LiveFeed(render)
-        return feed
-
-
-def close_feed(token: str) -> None:
-    """End the feed under ``token`` (its page's next poll hears ``done``) and forget it."""
-    with _FEEDS_LOCK:
-        feed = _FEEDS.pop(token, None)
-    if feed is not None:
-        feed.close()
-
-
-def find_feed(value: Any) -> tuple[LiveFeed | None, int]:
-    """The feed a poll ``"<run token>:<seq>"`` names and the seq, without waiting: (None, -1)
-    for a malformed value or a run that is not (or no longer) registered."""
-    token, _, seq = str(value or "")[:100].rpartition(":")
-    if not valid_token(token):
-        return None, -1
-    with _FEEDS_LOCK:
-        feed = _FEEDS.get(token)
-    return feed, (int(seq) if seq.isdigit() and len(seq) < 12 else -1)
-
-
-def poll_feed(value: Any) -> dict[str, Any]:
-    """The page's poll, ``"<run token>:<seq>"`` (sent by FLOW_JS): the feed's answer.
-
-    ``{"unknown": true}`` at once when there is no such run (it ended, never started, or the
-    poll overtook the Run event: the page asks again a moment later). Only a poll of a
-    registered run waits (up to :data:`POLL_WAIT_S`, for something new to show), so no request
-    that cannot be served ever holds a worker thread."""
-    feed, seq = find_feed(value)
-    if feed is None:
-        return {"unknown": True}
-    return feed.poll(seq)

@@ -2,8 +2,8 @@
 
 They are page-wide and apply to every lane alike (each lane's model uses its own chat
 template), as ``api.plan_compare`` and ``playground compare --chat`` do. The Run hands them
-to every :class:`~playground.ui.state.LaneConfig`, so they reach ``engine.prepare`` through
-:func:`~playground.ui.state.lane_request`, and a saved session records chat and the system
+to every :class:`~playground.ui.rules.LaneConfig`, so they reach ``engine.prepare`` through
+:func:`~playground.ui.rules.lane_request`, and a saved session records chat and the system
 prompt (never the remote-code opt-in: a shared link must not opt its viewer in to code).
 
 Element ids: ``#chat`` (checkbox), ``#system-prompt`` (shown while chat is on) and
@@ -17,7 +17,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
 from playground.core.errors import PlaygroundError
+from playground.core.models.chat import has_chat_template
+from playground.core.models.kinds import REMOTE_CODE_TYPES
+from playground.core.models.sources import local_dir, resolve
+from playground.hosting import remote_code_allowed
+
 
 CHAT_BASE = "Send the prompt as a user turn through each lane model's chat template (instruct models)."
 CHAT_INFO = f"{CHAT_BASE} A model without one stops its lane with one line."
@@ -32,8 +39,6 @@ def page_options(chat: Any = False, system_prompt: Any = None, trust_remote_code
     The system prompt counts only while chat is on (its box is hidden otherwise, so text left
     in it must not refuse the run); the remote-code opt-in only where the host allows it.
     """
-    from playground.hosting import remote_code_allowed
-
     # Only a real tick counts (a checkbox sends a bool): any other value in the opt-in's place,
     # e.g. a flag another input left there, must never opt in to running a model's code.
     on = chat is True
@@ -65,9 +70,6 @@ def needs_remote_code(spec: str | None) -> bool | None:
     A config with an ``auto_map`` needs its code only when transformers has no class of its
     own for the model type; LLaDA and Dream always do.
     """
-    from playground.core.models.kinds import REMOTE_CODE_TYPES
-    from playground.core.models.sources import local_dir, resolve
-
     if not spec or not str(spec).strip():
         return None
     try:
@@ -88,7 +90,6 @@ def needs_remote_code(spec: str | None) -> bool | None:
         return True
     if not config.get("auto_map"):
         return False
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     return mtype not in CONFIG_MAPPING_NAMES
 
@@ -97,8 +98,6 @@ def check_remote_code(specs: list[str | None], trusted: bool) -> None:
     """Refuse, in one line that says to tick the opt-in, a model among ``specs`` that needs
     its own code when the page did not opt in. Only where the host allows remote code: elsewhere
     the box is absent and the loader says remote code is disabled here."""
-    from playground.hosting import remote_code_allowed
-
     if trusted or not remote_code_allowed():
         return
     for spec in specs:
@@ -108,8 +107,6 @@ def check_remote_code(specs: list[str | None], trusted: bool) -> None:
 
 def chat_template_note(handle: Any) -> str:
     """The chat checkbox's help line once the page's model is loaded: whether it has a template."""
-    from playground.core.models.chat import has_chat_template
-
     name = getattr(handle, "name", "the model")
     tokenizer = getattr(handle, "tokenizer", None)
     if tokenizer is None:
@@ -124,9 +121,7 @@ def build_controls(page: Any) -> None:
     """Create the option controls on ``page`` (inside the open layout, under the model picker):
     ``page.chat``, ``page.system_prompt`` and ``page.trust_remote_code`` (None where the host
     does not allow remote code: the control is then not in the page at all)."""
-    import gradio as gr
-
-    from playground.hosting import remote_code_allowed
+    import gradio as gr  # here, not at the top: rules.py imports this module and stays Gradio-free
 
     with gr.Group(elem_id="model-options"):
         page.chat = gr.Checkbox(False, label="Chat template", info=CHAT_INFO, elem_id="chat")
@@ -164,7 +159,7 @@ def option_outputs(page: Any) -> list[Any]:
 def option_updates(page: Any, values: dict[str, Any]) -> dict[Any, Any]:
     """Updates that show a preset's or session's ``chat``/``system_prompt`` (a page without
     them turns chat off; a system prompt is replaced only where the page gives one)."""
-    import gradio as gr
+    import gradio as gr  # lazily, as in build_controls
 
     on = bool(values.get("chat"))
     up: dict[Any, Any] = {page.chat: on}
@@ -177,7 +172,7 @@ def option_updates(page: Any, values: dict[str, Any]) -> dict[Any, Any]:
 
 def wire(page: Any) -> None:
     """Attach the options' own events: the system prompt box follows the chat checkbox."""
-    import gradio as gr
+    import gradio as gr  # lazily, as in build_controls
 
     page.chat.change(lambda on: gr.update(visible=bool(on)), [page.chat], [page.system_prompt],
                      queue=False, show_progress="hidden")

@@ -7,7 +7,7 @@ itself rather than Gradio events on purpose: every request to a Gradio event tha
 without a queue session rebuilds the whole page's component configuration first (measured:
 a quarter of the app's CPU while a page polled ten times a second, slowing the decoders it
 was showing). :func:`launch` in :mod:`playground.ui` adds them; an app mounted otherwise can
-add them with ``FastAPI(routes=page_routes())``. Without them the page still works: lane text
+add them with ``FastAPI(routes=page_routes(sessions=...))``. Without them the page still works: lane text
 then comes with the Run event's frames and Stop through its Gradio event.
 """
 
@@ -17,7 +17,14 @@ import json
 import threading
 from typing import Any, Awaitable, Callable
 
+from anyio import to_thread
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from playground.core.errors import PlaygroundError
+from playground.store import default_store
 from playground.ui.exports import ExportLinks, content_disposition, export_body
+from playground.ui.page_session import PageSessions
 
 PREFIX = "/playground_api"
 MAX_BODY = 1024  # every value is a run token with a number or two
@@ -92,8 +99,6 @@ def _guarded(handler: Callable[[Any], Awaitable[Any]], slots: ClientSlots | None
     (429 at once). Stop and the acknowledgements take no slot: they never wait, and a Stop
     refused because the same address's pages were polling is a Stop lost (seen with five
     pages of one browser)."""
-    from starlette.responses import Response
-
     async def route(request: Any) -> Any:
         if slots is None:
             try:
@@ -113,50 +118,34 @@ def _guarded(handler: Callable[[Any], Awaitable[Any]], slots: ClientSlots | None
     return route
 
 
-async def live(request: Any) -> Any:
-    """The page's poll of its run's live feed (see :func:`playground.ui.live_feed.poll_feed`).
+def feed_routes(sessions: PageSessions) -> tuple[Callable[[Any], Awaitable[Any]], ...]:
+    """The ``live``, ``ack`` and ``stop`` handlers, answering from the page registry ``sessions``."""
+    async def live(request: Any) -> Any:
+        """The page's poll of its run's live feed (see :meth:`PageSessions.poll_feed`).
 
-    A poll for a run that is not registered is answered at once, in the event loop; only a
-    registered run's poll waits, in a worker thread, for something new to show."""
-    from anyio import to_thread
-    from starlette.responses import JSONResponse
+        A poll for a run that is not registered is answered at once, in the event loop; only a
+        registered run's poll waits, in a worker thread, for something new to show."""
+        value = await _value(request)
+        feed, seq = sessions.find_feed(value)
+        answer = await to_thread.run_sync(feed.poll, seq) if feed is not None else {"unknown": True}
+        return JSONResponse(answer, headers={"Cache-Control": "no-store"})
 
-    from playground.ui.live_feed import find_feed
+    async def ack(request: Any) -> Any:
+        """The page drew frame ``"<run token>:<n>"`` of a run."""
+        sessions.frame_drawn(await _value(request))
+        return Response(status_code=204)
 
-    value = await _value(request)
-    feed, seq = find_feed(value)
-    answer = await to_thread.run_sync(feed.poll, seq) if feed is not None else {"unknown": True}
-    return JSONResponse(answer, headers={"Cache-Control": "no-store"})
+    async def stop(request: Any) -> Any:
+        """Stop the run whose token the page sends (an unknown token stops nothing)."""
+        sessions.stop_run(await _value(request))
+        return Response(status_code=204)
 
-
-async def ack(request: Any) -> Any:
-    """The page drew frame ``"<run token>:<n>"`` of a run."""
-    from starlette.responses import Response
-
-    from playground.ui.run_session import on_frame_drawn
-
-    on_frame_drawn(await _value(request))
-    return Response(status_code=204)
-
-
-async def stop(request: Any) -> Any:
-    """Stop the run whose token the page sends (an unknown token stops nothing)."""
-    from starlette.responses import Response
-
-    from playground.ui.run_session import stop_run
-
-    stop_run(await _value(request))
-    return Response(status_code=204)
+    return live, ack, stop
 
 
 def export_route(links: ExportLinks) -> Callable[[Any], Awaitable[Any]]:
     """``GET {PREFIX}/export/<token>``: the session a live export link names, streamed from the
     store as a JSON attachment (nothing is written to disk); 404 for any other token."""
-    from starlette.responses import Response
-
-    from playground.core.errors import PlaygroundError
-    from playground.store import default_store
-
     async def export(request: Any) -> Any:
         hit = links.resolve(request.path_params.get("token"))
         if hit is None:
@@ -173,13 +162,12 @@ def export_route(links: ExportLinks) -> Callable[[Any], Awaitable[Any]]:
     return export
 
 
-def page_routes(exports: ExportLinks | None = None) -> list[Any]:
+def page_routes(*, sessions: PageSessions, exports: ExportLinks | None = None) -> list[Any]:
     """The routes, for ``FastAPI(routes=...)`` (Gradio's ``launch(app_kwargs=...)``); one
-    per-client bound for all of them. ``exports`` are the Sessions tab's download links (no
-    export route without them)."""
-    from starlette.routing import Route
-
+    per-client bound for all of them. ``sessions`` is the app's page registry (whose runs the
+    routes serve), ``exports`` the Sessions tab's download links (no export route without them)."""
     slots = ClientSlots()
+    live, ack, stop = feed_routes(sessions)
     routes = [Route(f"{PREFIX}/live", _guarded(live, slots), methods=["POST"]),
               Route(f"{PREFIX}/ack", _guarded(ack, None), methods=["POST"]),
               Route(f"{PREFIX}/stop", _guarded(stop, None), methods=["POST"])]

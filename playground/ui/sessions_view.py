@@ -26,19 +26,23 @@ large fixed amount of work.
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
 import gradio as gr
 
+import playground.ui.rules as st
 import visualizers
 from playground.core.errors import PlaygroundError
 from playground.ownership import NOBODY, change_filter, may_read_in_tab, one_user, owner_id
-from playground.ui import state as st
-from playground.ui.compare import ComparePage, private_events
-from playground.ui.exports import ExportLinks
+from playground.store import default_store
+from playground.ui.compare import ComparePage
 from playground.ui.events import nothing_is_skip
+from playground.ui.exports import ExportLinks
 from playground.ui.html import esc, md_text, status_html
+from playground.ui.replay import branch_line
+
 
 HEADERS = ["Title", "Model", "Decoders", "Created (UTC)", "Id"]
 # relative to the page: the app's own route (page_routes.export_route)
@@ -50,8 +54,6 @@ INDENT = "\u2003"  # an em space per level: the table collapses ordinary spaces
 def visible_sessions(owner_key: Any = None, open_sid: Any = None) -> list[dict[str, Any]]:
     """The sessions the Sessions tab lists for a caller: every one for one user; on a hosted
     instance the caller's own and the one open in their page (:mod:`playground.ownership`)."""
-    from playground.store import default_store
-
     store = default_store()
     if one_user():
         return store.list_sessions()
@@ -101,131 +103,39 @@ def tree_rows(sessions: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def branch_line(branch: dict[str, Any], parent_title: str | None) -> str:
-    """Where a branch branched off, in words: ``branch of “P”, lane 2, step 5, forced ' the'``."""
-    of = f"branch of “{parent_title}”" if parent_title is not None else "branch of a deleted session"
-    lane, step = int(branch.get("lane", 0)) + 1, int(branch.get("step", 0))
-    token = f"'{branch['text']}'" if isinstance(branch.get("text"), str) else f"token #{branch.get('token')}"
-    if branch.get("lanes") == "all":
-        return f"{of}: every lane from lane {lane}, step {step}, forced {token}"
-    return f"{of}, lane {lane}, step {step}, forced {token}"
-
-
 # ---------------------------------------------------------------------- replay
+# The replay itself is the page's (playground.ui.replay); these name it for the Sessions tab,
+# the load of a share link and scripts.
 def replay_frame(page: ComparePage, sid: Any, request: Any = None, clear: bool = False) -> dict[Any, Any]:
-    """The first frame of a replay: configuration, every lane's text, colours and stats, the
-    scrubber and the divergence strip; no figure (:func:`replay_plots` follows). With ``clear`` (a page that may show another comparison's
-    plots) the plot slots are hidden until then; a fresh page's slots are empty, and hiding them
-    only to show them again made the browser slower to draw. A branch's lanes are labelled and
-    the scrubber is put on the forced step. A bad id is the default page with a one-line message."""
-    from playground.store import default_store
-    from playground.ui.inspector import insp_header
-
-    try:
-        session = default_store().load_session(str(sid))
-    except PlaygroundError as e:
-        up = page.default_page()
-        msg = f"Could not open the shared session: {e}."
-        gr.Warning(msg)
-        up[page.status] = status_html(msg, "error")
-        return up
-    pg = st.session_page(session)
-    runs = pg["runs"]
-    up = page.config_updates(pg)
-    when = f"{session['created'][:16].replace('T', ' ')} UTC"
-    up[page.preset_info] = md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
-                                   f"({when}) — no model loaded.")
-    status = (f"Replaying “{session['title']}”: {len(runs)} lanes, stored {session['created'][:10]}. "
-              "Press Run to run it again.")
-    up.update(page.result_updates(runs, pg["metric"], plots=False, sid=session["id"], status=None))
-    up.update(page.idle_buttons())
-    up[page.share_link] = ""
-    counts = [visualizers.step_count(t) for t in runs]
-    top = max(counts, default=0)
-    step = max(top - 1, 0)
-    branch = session.get("branch")
-    if branch is not None:
-        up.update(_branch_labels(page, session, runs))
-        status = f"{status} {_branch_status(session)}"
-        if branch.get("lanes") != "all" and len(runs) == 2:
-            step = min(int(branch.get("step", step)), step)  # the forced step: where the two part
-    up[page.status] = status_html(status, "ok")
-    up[page.step] = gr.update(minimum=0, maximum=max(top - 1, 1), value=step)
-    up[page.divergence] = visualizers.divergence_html(runs)
-    for j, ui in enumerate(page.lanes):
-        if j >= len(runs):
-            up[ui.insp_column] = gr.update(visible=False)
-            continue
-        up[ui.insp_column] = gr.update(visible=True)
-        # the header the drawn inspector will have: nothing on the page changes but the plots
-        up[ui.insp_header] = insp_header(ui.k, runs[j], min(step, max(counts[j] - 1, 0)), counts[j])
-        if clear:
-            up[ui.step_html] = gr.update(visible=False)
-            up[ui.run_html] = gr.update(visible=False)
-            for comp in [*ui.step_plots, *ui.run_plots]:
-                up[comp] = gr.update(visible=False)
-    if request is not None:
-        _draw_pending(request)
-    return up
+    """The first frame of a replay of session ``sid`` in ``page`` (:meth:`ReplayHandlers.frame`)."""
+    return page.replay.frame(sid, request, clear)
 
 
 def replay_step_plots(page: ComparePage, traces: list[dict[str, Any]] | None, step: Any,
                       request: Any = None) -> dict[Any, Any]:
-    """The step half of a replay's plot frame: the comparison strip's figures and every lane's
-    plots at scrubber ``step`` (a step the user picked meanwhile keeps its plots). Nothing while this
-    page runs a comparison, or without traces."""
-    traces = list(traces or [])
-    if not traces or _running(request):
-        return {}
-    try:
-        s = int(step) if step is not None else None
-    except (TypeError, ValueError):
-        s = None
-    up: dict[Any, Any] = {page.progress_plot: visualizers.progress_figure(traces)}
-    for comp, (_title, fn) in zip(getattr(page, "compare_plots", []) or [], getattr(visualizers, "COMPARE_PLOTS", [])):
-        up[comp] = fn(traces)
-    if not _picked_meanwhile(request):
-        up.update(page.step_updates(traces, s if s is not None else 0))
-        up.pop(page.step, None)  # the scrubber is the user's: frame one put it in place
-        for ui in page.lanes:  # frame one showed the columns: sending their visibility again
-            up.pop(ui.insp_column, None)  # re-renders them, and the browser drew the plots slower
-    return up
+    """The step half of a replay's plot frame (:meth:`ReplayHandlers.step_plots`)."""
+    return page.replay.step_plots(traces, step, request)
 
 
 def replay_run_plots(page: ComparePage, traces: list[dict[str, Any]] | None, request: Any = None) -> dict[Any, Any]:
-    """The run half of a replay's plot frame: every lane's whole-run plots."""
-    from playground.ui.inspector import slot_updates
-
-    traces = list(traces or [])
-    if not traces or _running(request):
-        return {}
-    up: dict[Any, Any] = {}
-    for j, ui in enumerate(page.lanes[: len(traces)]):
-        up.update(slot_updates(ui.run_html, ui.run_plots, visualizers.run_figures(traces[j])))
-    return up
-
-
-def step_plot_outputs(page: ComparePage) -> list[Any]:
-    """What :func:`replay_step_plots` writes."""
-    out: list[Any] = [page.progress_plot, *(getattr(page, "compare_plots", []) or [])]
-    for ui in page.lanes:
-        out += [ui.insp_header, ui.step_html, *ui.step_plots]
-    return out
-
-
-def run_plot_outputs(page: ComparePage) -> list[Any]:
-    """What :func:`replay_run_plots` writes."""
-    out: list[Any] = []
-    for ui in page.lanes:
-        out += [ui.run_html, *ui.run_plots]
-    return out
+    """The run half of a replay's plot frame (:meth:`ReplayHandlers.run_plots`)."""
+    return page.replay.run_plots(traces, request)
 
 
 def replay_plots(page: ComparePage, traces: list[dict[str, Any]] | None, step: Any,
                  request: Any = None) -> dict[Any, Any]:
-    """The second frame of a replay: every plot (:func:`replay_step_plots` and
-    :func:`replay_run_plots` together)."""
-    return {**replay_step_plots(page, traces, step, request), **replay_run_plots(page, traces, request)}
+    """The second frame of a replay: every plot (:meth:`ReplayHandlers.plots`)."""
+    return page.replay.plots(traces, step, request)
+
+
+def step_plot_outputs(page: ComparePage) -> list[Any]:
+    """What :func:`replay_step_plots` writes."""
+    return page.replay.step_plot_outputs()
+
+
+def run_plot_outputs(page: ComparePage) -> list[Any]:
+    """What :func:`replay_run_plots` writes."""
+    return page.replay.run_plot_outputs()
 
 
 def chain_replay(page: ComparePage, event: Any) -> Any:
@@ -242,74 +152,6 @@ def chain_replay(page: ComparePage, event: Any) -> Any:
 
     return event.then(nothing_is_skip(plots), [page.traces, page.step], step_plot_outputs(page) + run_plot_outputs(page),
                       show_progress="hidden")
-
-
-def _branch_labels(page: ComparePage, session: dict[str, Any], runs: list[dict[str, Any]]) -> dict[Any, Any]:
-    """Each lane's role in a branch, above its stats: the parent's lane, or the branch."""
-    from playground.ui.html import stats_html
-
-    b = session["branch"]
-    forced = f"'{b['text']}'" if isinstance(b.get("text"), str) else f"token #{b.get('token')}"
-    if b.get("lanes") != "all" and len(runs) == 2:
-        roles = [f"parent · its lane {int(b['lane']) + 1}, as stored",
-                 f"branch · forced {forced} at step {b['step']} (position {b['position']})"]
-    else:
-        roles = [f"branch · from lane {int(b['lane']) + 1}'s prefix, forced {forced} at position {b['position']}"
-                 for _ in runs]
-    up: dict[Any, Any] = {}
-    for j, ui in enumerate(page.lanes[: len(runs)]):
-        role = f'<div class="lane-info lane-role" data-role="{roles[j].split(" ")[0]}"><b>{esc(roles[j])}</b></div>'
-        up[ui.stats] = role + stats_html(visualizers.stats_line(runs[j]))
-    return up
-
-
-def _branch_status(session: dict[str, Any]) -> str:
-    """The status line's account of a branch: of which session, where it parted."""
-    from playground.store import default_store
-
-    b, parent = session["branch"], session.get("parent")
-    title = None
-    if parent:
-        try:
-            title = default_store().session_summary(parent)["title"]
-        except PlaygroundError:
-            title = None
-    line = branch_line(b, title)
-    if b.get("lanes") != "all" and len(session.get("runs") or []) == 2:
-        return f"This is a {line[0].lower()}{line[1:]}: lane 1 is the parent's lane, lane 2 the branch; the strip marks where they part."
-    return f"This is a {line[0].lower()}{line[1:]}."
-
-
-def _key(request: Any) -> str | None:
-    if request is None:
-        return None
-    from playground.ui.run_session import session_key
-
-    return session_key(request)
-
-
-def _running(request: Any) -> bool:
-    from playground.ui.run_session import running_runner
-
-    key = _key(request)
-    return key is not None and running_runner(key) is not None
-
-
-def _draw_pending(request: Any) -> None:
-    """Note that this page's plots are being drawn: a scrub or token click meanwhile (see
-    ``run_session.select_step``) keeps its step."""
-    from playground.ui import run_session
-
-    key = _key(request)
-    if key is not None:
-        run_session._DRAW_PENDING[key] = False
-
-
-def _picked_meanwhile(request: Any) -> bool:
-    from playground.ui import run_session
-
-    key = _key(request)
-    return bool(key is not None and run_session._DRAW_PENDING.pop(key, False))
 
 
 def _safe_filename(title: str) -> str:
@@ -358,10 +200,6 @@ class SessionsView:
     def wire(self, demo: gr.Blocks, tab: Any) -> None:
         """Attach the events, hidden from the public API; ``tab`` is the Sessions tab (refreshed
         when selected)."""
-        with private_events(demo):
-            self._wire(demo, tab)
-
-    def _wire(self, demo: gr.Blocks, tab: Any) -> None:
         who = [self.page.owner_key, self.page.sid]
         listing = [self.table, self.listed, self.status]
         self.refresh.click(self.on_refresh, who, listing)
@@ -393,8 +231,6 @@ class SessionsView:
     def on_select(self, listed: Any, owner_key: Any = None, open_sid: Any = None,
                   evt: gr.SelectData = None) -> list[Any]:
         """A row was clicked: take its session id from the listing this page was sent."""
-        from playground.store import default_store
-
         nothing = [None, "", '<div class="lane-info">no session selected</div>']
         try:
             row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
@@ -412,8 +248,6 @@ class SessionsView:
 
     def on_rename(self, sid: Any, title: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
         """Rename the selected session (its owner only, on a hosted instance)."""
-        from playground.store import default_store
-
         if not sid:
             return self._warn("select a session first")
         try:
@@ -425,8 +259,6 @@ class SessionsView:
 
     def on_delete(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
         """Delete the selected session (its owner only, on a hosted instance)."""
-        from playground.store import default_store
-
         keep = [gr.skip(), gr.skip(), gr.skip()]
         if not sid:
             return self._warn("select a session first") + keep
@@ -440,8 +272,6 @@ class SessionsView:
     def on_export(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
         """A download link for the selected session's export (streamed from the store when
         clicked, for the next ten minutes; nothing is written to disk)."""
-        from playground.store import default_store
-
         def refuse(msg: str) -> list[Any]:
             gr.Warning(msg)
             return [gr.update(visible=False), status_html(msg, "error")]
@@ -464,8 +294,6 @@ class SessionsView:
     def on_import(self, data: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
         """Store an uploaded export as a new session of this browser's (validated; nothing
         changes on error)."""
-        from playground.store import default_store
-
         if not data or not isinstance(data, (bytes, bytearray)):
             return self._warn("no file received")
         try:
@@ -503,6 +331,4 @@ def _intro() -> str:
 
 
 def _esc(text: Any) -> str:
-    import html
-
     return html.escape(str(text))

@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 
 from playground.core.errors import PlaygroundError
-from playground.ui.compare import ComparePage, private_events
+from playground.ownership import one_user
+from playground.store import Store, default_path, default_store
+from playground.study import METRICS, aggregate, figures, study_sessions
+from playground.ui.compare import ComparePage
 from playground.ui.html import status_html
+
 
 HEADERS = ["Lane", "Decoder", "tok/fwd", "wall s", "forwards", "ppl", "dist-1", "dist-2", "agree", "finish"]
 FIGURE_CHOICES = [("tokens per target forward", "tokens_per_target_forward"), ("wall time", "wall_s"),
@@ -36,16 +41,12 @@ COPY_TTL_S = 3600.0  # a study's private copy outlives a reader's browsing of it
 # ---------------------------------------------------------------------- files
 def data_dir() -> Path:
     """The folder study files may be opened from: where the page's session database lives."""
-    from playground.store import default_path
-
     return Path(default_path()).expanduser().resolve().parent
 
 
 def resolve_study_path(text: str | None) -> Path:
     """The study file ``text`` names, inside :func:`data_dir` (relative names are taken from
     there; an empty name means the page's own database). Refuses anything outside it."""
-    from playground.store import default_path
-
     raw = (text or "").strip()
     base = data_dir()
     p = Path(default_path()).expanduser() if not raw else Path(raw).expanduser()
@@ -129,9 +130,6 @@ def load_study(path: str | os.PathLike[str], only_studies: bool = False) -> tupl
     or one without study comparisons is one line. ``path`` is opened as it is (pass a
     :func:`read_only_copy`); ``only_studies`` refuses a database holding any session that is
     not part of a study (someone's page sessions)."""
-    from playground.store import Store
-    from playground.study import aggregate, study_sessions
-
     check_study_file(path)
     with Store(path) as store:
         sessions = study_sessions(store)
@@ -147,8 +145,6 @@ def load_study(path: str | os.PathLike[str], only_studies: bool = False) -> tupl
 def uploaded_path(file: Any) -> Path:
     """The path of a file this page uploaded: inside Gradio's upload folder, else refused
     (a direct call naming any other server path opens nothing)."""
-    from gradio.utils import get_upload_folder
-
     raw = getattr(file, "name", file)
     if not isinstance(raw, str) or not raw:
         raise PlaygroundError("no file received")
@@ -163,8 +159,6 @@ def uploaded_path(file: Any) -> Path:
 def aggregate_rows(agg: dict[str, Any]) -> list[list[Any]]:
     """The aggregate as table rows: lane, decoder, the metrics (rounded as the CLI table
     prints them; "-" where there is no value) and the finish reasons."""
-    from playground.study import METRICS
-
     rows = []
     for lane in agg["lanes"]:
         cells: list[Any] = [lane["lane"], str(lane["decoder"])]
@@ -199,8 +193,6 @@ def copy_to_page_store(session: dict[str, Any], source: str) -> str:
     The copy keeps the study settings under ``from_study``, not ``study``: the page's store
     never looks like (part of) a study itself.
     """
-    from playground.store import default_store
-
     store = default_store()
     info = dict(session["settings"]["study"])
     mark = {"key": info.get("key"), "fingerprint": info.get("fingerprint"), "file": Path(source).name}
@@ -247,22 +239,19 @@ class StudyView:
 
     def wire(self, demo: gr.Blocks) -> None:
         """Attach the events, hidden from the public API."""
-        with private_events(demo):
-            shown = [self.study, self.status, self.table, self.prompt, self.figure]
-            self.open_btn.click(self.on_open, [self.path, self.figure_choice], shown)
-            self.path.submit(self.on_open, [self.path, self.figure_choice], shown)
-            self.upload.upload(self.on_upload, [self.upload, self.figure_choice], shown)
-            self.figure_choice.change(self.on_figure, [self.study, self.figure_choice], [self.figure])
-            self.open_compare.click(self.on_open_prompt, [self.study, self.prompt],
-                                    self.page.page_outputs() + [self.tabs, self.status])
+        shown = [self.study, self.status, self.table, self.prompt, self.figure]
+        self.open_btn.click(self.on_open, [self.path, self.figure_choice], shown)
+        self.path.submit(self.on_open, [self.path, self.figure_choice], shown)
+        self.upload.upload(self.on_upload, [self.upload, self.figure_choice], shown)
+        self.figure_choice.change(self.on_figure, [self.study, self.figure_choice], [self.figure])
+        self.open_compare.click(self.on_open_prompt, [self.study, self.prompt],
+                                self.page.page_outputs() + [self.tabs, self.status])
 
     # ---------------------------------------------------------------- handlers
     def on_open(self, text: Any, figure: str | None = None) -> list[Any]:
         """Open the study file named in the path box (inside the data folder), from a read-only
         copy. On a hosted instance only study files open (not the page's own database, nor any
         other session store)."""
-        from playground.ownership import one_user
-
         try:
             if text is not None and not isinstance(text, str):
                 raise PlaygroundError("the study file must be a file name")
@@ -291,8 +280,6 @@ class StudyView:
 
     def on_open_prompt(self, study: dict[str, Any] | None, key: str | None) -> dict[Any, Any]:
         """Open the chosen prompt's comparison in the Compare tab (replayed, no model)."""
-        from playground.store import Store, default_path
-
         if not study:
             return self._warn("open a study first")
         sid = (study.get("sessions") or {}).get(str(key)) if key is not None else None
@@ -328,8 +315,6 @@ class StudyView:
 
     @staticmethod
     def _figure(agg: dict[str, Any], figure: str | None) -> Any:
-        from playground.study import figures
-
         figs = figures(agg)
         return figs.get(figure or "", figs[FIGURE_CHOICES[0][1]])
 

@@ -13,11 +13,19 @@ from typing import Any
 
 import gradio as gr
 
+import playground.ui.rules as st
+from decoders.base import get_decoder
+from decoders.guided.watermark import detect_ids, detect_text
 from playground import inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
-from playground.ui.compare import ComparePage, private_events
+from playground.hosting import model_event_settings
+from playground.ui.compare import ComparePage
 from playground.ui.html import status_html
+from playground.ui.layout import model_choices
+from playground.watermark_cli import summary
+from visualizers.watermark import watermark_tokens_html, watermark_z_figure
+
 
 DECODER = "watermark"
 # The detector's settings: the decoder's knobs of the same names (delta only writes the mark).
@@ -26,8 +34,6 @@ KNOBS = ("watermark_gamma", "watermark_seeding", "watermark_key", "watermark_con
 
 def knob_specs() -> dict[str, Any]:
     """The ``watermark`` decoder's parameter specs of :data:`KNOBS` (defaults, ranges, help)."""
-    from decoders.base import get_decoder
-
     params = get_decoder(DECODER).params
     return {name: params[name] for name in KNOBS}
 
@@ -59,8 +65,6 @@ def detect(model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: An
     ``lane`` is what *From lane* filled in (its text, prompt, model and token ids): while the
     boxes still hold exactly that, the lane's own token ids are scored, so the tab gives the
     lane's own z (re-encoding a sampled text can give other tokens, hence another z)."""
-    from decoders.guided.watermark import detect_ids, detect_text
-
     inputs.text("the text", text, limits().max_detect_chars, optional=True)
     inputs.text("the prompt", prompt, limits().max_prompt_chars, optional=True)
     inputs.text("the model", model, 1000, optional=True)
@@ -87,9 +91,6 @@ class WatermarkView:
 
     def build(self) -> None:
         """Create the components (call inside the Watermark tab)."""
-        from playground.ui import state as st
-        from playground.ui.layout import model_choices
-
         specs = knob_specs()
         gr.Markdown("Check a text for the green-list watermark of the `watermark` decoder (Kirchenbauer et al. "
                     "2023, transformers-compatible). Use the settings the text was written with; text written "
@@ -122,25 +123,19 @@ class WatermarkView:
     def wire(self, demo: gr.Blocks) -> None:
         """Attach the events, hidden from the public API; Detect loads a tokenizer, so it takes
         its place in the model-work concurrency group."""
-        from playground.hosting import model_event_settings
-
-        with private_events(demo):
-            self.from_lane.click(self.on_from_lane, [self.page.traces, self.lane],
-                                 [self.text, self.prompt, self.model, self.gamma, self.seeding, self.key,
-                                  self.width, self.status, self.lane_state])
-            self.detect_btn.click(self.on_detect, [self.model, self.text, self.prompt, self.gamma, self.seeding,
-                                                   self.key, self.width, self.lane_state],
-                                  [self.status, self.tokens, self.z_plot],
-                                  **model_event_settings())
+        self.from_lane.click(self.on_from_lane, [self.page.traces, self.lane],
+                             [self.text, self.prompt, self.model, self.gamma, self.seeding, self.key,
+                              self.width, self.status, self.lane_state])
+        self.detect_btn.click(self.on_detect, [self.model, self.text, self.prompt, self.gamma, self.seeding,
+                                               self.key, self.width, self.lane_state],
+                              [self.status, self.tokens, self.z_plot],
+                              **model_event_settings())
 
     # ---------------------------------------------------------------- handlers
     def on_detect(self, model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: Any,
                   width: Any, lane: dict[str, Any] | None = None) -> list[Any]:
         """Detect: the summary line, the tokens coloured green/red, the running z-score (of the
         lane's own tokens while the text is the one *From lane* filled in)."""
-        from playground.watermark_cli import summary
-        from visualizers.watermark import watermark_tokens_html, watermark_z_figure
-
         try:
             res = detect(model, text, prompt, gamma, seeding, key, width, lane)
         except PlaygroundError as e:

@@ -1,4 +1,4 @@
-"""What the Compare page knows, as plain data: decoder specs, lane configs, presets, sessions.
+"""The Compare page's rules, as plain data: decoder specs, lane configs, presets, sessions.
 
 Nothing here imports Gradio, so the rules behind the page (which widget a knob becomes,
 which lanes a preset fills, what a stored session's settings look like, which metric suits
@@ -8,13 +8,21 @@ a trace) are unit-tested without a browser.
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import visualizers
+from decoders import all_decoders
+from decoders.base import get_decoder
 from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
+from playground.presets import list_presets, load_preset
+from playground.ui.model_options import check_remote_code
+
 
 MAX_LANES = 6
 MIN_LANES = 2
@@ -43,8 +51,6 @@ EXAMPLE_PROMPTS = [
 # ---------------------------------------------------------------------- decoders
 def decoder_specs() -> dict[str, dict[str, Any]]:
     """Every registered decoder's spec (``Decoder.spec()``), by name."""
-    from decoders import all_decoders
-
     return {c.name: c.spec() for c in all_decoders()}
 
 
@@ -94,8 +100,6 @@ def decoder_info_md(name: str | None, knobs: dict[str, Any] | None = None) -> st
 
 def _md_escape(text: str) -> str:
     """Neutralise markdown/HTML in text shown through gr.Markdown."""
-    import html
-
     return html.escape(str(text)).replace("*", "\\*").replace("_", "\\_").replace("`", "\\`")
 
 
@@ -181,8 +185,6 @@ def knob_range(spec: dict[str, Any]) -> str:
 def knob_error(decoder: str, name: str, value: Any) -> str | None:
     """Why ``value`` is refused for knob ``name`` of ``decoder`` (one line naming the knob and
     what it accepts), or None when the run would use exactly this value."""
-    from decoders.base import get_decoder
-
     params = get_decoder(decoder).params
     if name not in params:
         return f"decoder {decoder!r} has no knob {name!r}"
@@ -195,7 +197,8 @@ def knob_error(decoder: str, name: str, value: Any) -> str | None:
         # The spec's own messages name the range for out-of-range values, not for wrong types.
         return msg if allowed in msg else f"{msg}; allowed: {allowed}"
     except (ArithmeticError, ValueError):
-        # Int.check converts inf/nan with int(), which raises instead of refusing.
+        # Int.check and Float.check refuse inf and nan themselves (decoders/base.py); what still
+        # escapes them is float() of an integer too large for a float (OverflowError).
         return f"knob {name!r} must be {'an integer' if spec.type == 'int' else 'a number'}, got {value!r}; " \
                f"allowed: {allowed}"
     return None
@@ -209,8 +212,6 @@ def check_knobs(decoder: str, knobs: dict[str, Any] | None, lane: int | None = N
     the lane, the knob and its range. Knobs the decoder does not have are dropped: they are
     left over from a decoder picked before and no control shows them.
     """
-    from decoders.base import get_decoder
-
     where = f"lane {lane} ({decoder}): " if lane is not None else ""
     try:
         params = get_decoder(decoder).params
@@ -242,8 +243,6 @@ def coerce_knobs(decoder: str, knobs: dict[str, Any]) -> dict[str, Any]:
     Never raises and never clamps: a value the spec refuses is kept as given, so the lane's
     check (:func:`check_lane`, before anything loads) refuses it with its message.
     """
-    from decoders.base import get_decoder
-
     if decoder_spec(decoder) is None:
         return dict(knobs or {})
     params = get_decoder(decoder).params
@@ -393,8 +392,6 @@ def lane_request(cfg: LaneConfig, page_model: str, prompt: str, seed: int, max_n
     with the page's model options. A model that needs its own code while the page did not opt
     in is refused here in one line that says to tick the opt-in (read from its local config, no
     load)."""
-    from playground.ui.model_options import check_remote_code
-
     cfg = check_lane(cfg, lane)
     model = cfg.model or page_model
     try:
@@ -486,8 +483,6 @@ def check_page(model: str, prompt: str, seed: Any, max_new_tokens: Any, lanes: l
     Without one, the budget of the page's model if it has been loaded (:func:`page_budget`). Lanes are
     checked separately with :func:`check_lanes`.
     """
-    from playground.core.settings import limits
-
     lim = limits()
     if not (model or "").strip():
         raise PlaygroundError("pick a model first")
@@ -535,8 +530,6 @@ def check_lanes(lanes: list[LaneConfig]) -> tuple[list[LaneConfig], dict[int, st
 # ---------------------------------------------------------------------- presets
 def preset_choices() -> list[tuple[str, str]]:
     """(title, name) of every preset, for the preset picker."""
-    from playground.presets import list_presets
-
     try:
         return [(p["title"], p["name"]) for p in list_presets()]
     except PlaygroundError:
@@ -545,8 +538,6 @@ def preset_choices() -> list[tuple[str, str]]:
 
 def preset_page(name: str) -> dict[str, Any]:
     """A preset as page values: model, prompt, seed, max new tokens, lane configs, title."""
-    from playground.presets import load_preset
-
     p = load_preset(name)
     # A preset may set chat and a system prompt (as api.plan_compare reads them), never the
     # remote-code opt-in: that stays the user's own choice.
@@ -673,8 +664,6 @@ def focus_choices(n_lanes: int) -> list[tuple[str, int]]:
 def auto_metric(trace: dict[str, Any], metric: str) -> str:
     """The colouring for a lane: the chosen one, or under ``auto`` the one its steps suit
     (declared by the visualizers that draw them, see :func:`visualizers.auto_metric`)."""
-    import visualizers
-
     return visualizers.auto_metric(trace, metric)
 
 

@@ -1,18 +1,20 @@
-"""The streaming session of the Compare page: Run, Stop, Share, and the model work behind them.
+"""The Compare page's Run, Stop and Share handlers (:class:`RunHandlers`) and the model work
+behind them.
 
-The data path reads in one direction: Run → worker → snapshot → page.
+The data path reads in one direction: Run → worker → snapshot → live feed → page.
 
-1. :meth:`RunSession.on_run` checks the page and starts :func:`compare_stream`.
-2. :func:`compare_stream` registers a :class:`~playground.runner.Runner` under the browser
-   session (so Stop, a separate unqueued event, reaches it at once, even while lanes are still
+1. :meth:`RunHandlers.on_run` checks the page and starts :func:`page_race`.
+2. :func:`page_race` makes the page's :class:`~playground.ui.page_session.PageSession` hold a
+   :class:`~playground.runner.Runner` (so Stop, a separate unqueued event, reaches it at once, even while lanes are still
    being prepared) and starts its worker thread: each lane is prepared in a thread of its own
    and the worker steps the lanes in lockstep, never waiting for the page.
 3. The page takes the latest published snapshot at most ``STREAM_RATE`` times per second and
-   sends only what changed, to a short list of outputs (:meth:`PageLayout.run_outputs`): the
+   sends only what changed, to a short list of outputs (:meth:`Layout.run_outputs`): the
    new tokens of lanes that grew (an append), their stats, the status, and the comparison
    strip at a modest paced rate. A step the user scrubs to while it streams is drawn from the
-   live snapshot by the inspector's own events. The Done frame (session saved, Run enabled)
-   comes first; :meth:`RunSession.on_draw`, chained after the Run event, then draws every plot.
+   live snapshot by the inspector's own events. A page whose script reads the run's live feed
+   (:mod:`playground.ui.live_feed`) gets the lane text from there instead. The Done frame (session saved, Run enabled)
+   comes first; :meth:`RunHandlers.on_draw`, chained after the Run event, then draws every plot.
 
 Closing the Run generator (the page went away) cancels the runner and waits for its worker
 to end; the worker also ends by itself when nobody reads it any more.
@@ -22,22 +24,30 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from typing import Any, Callable, Iterator
 
 import gradio as gr
+from gradio import route_utils
 
+import playground.ui.rules as st
 import visualizers
 from playground.core.errors import PlaygroundError
+from playground.core.settings import limits
+from playground.engine import prepare
+from playground.hosting import gpu, model_event_settings
 from playground.ownership import owner_id
-from playground.ui import state as st
+from playground.runner import Lane, Runner, pending_trace
+from playground.store import default_store
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, one_line, stats_html, status_html
-from playground.ui.inspector import PlotPacer, pending_header
-from playground.ui.layout import PageLayout
-from playground.ui.live_feed import close_feed, open_feed
+from playground.ui.inspector import InspectorHandlers, PlotPacer
+from playground.ui.lane_config import LaneHandlers
+from playground.ui.layout import Layout
 from playground.ui.model_options import option_inputs, page_options, split_options
+from playground.ui.page_js import page_js
+from playground.ui.page_session import BUSY_MESSAGE, Busy, PageSession, PageSessions, session_key
+from playground.ui.updates import pending_header
 
 log = logging.getLogger(__name__)
 
@@ -63,57 +73,9 @@ JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops 
 FLOW_WINDOW = 3  # one was too few: a short run (3 lanes x 48 tokens) ended before a second frame
 FLOW_WAIT_S = 3.0
 
-# Stop buttons reach the running comparison through this registry (session hash -> runner):
-# the Stop click is a separate event, possibly on another worker thread. One comparison per
-# browser session: a second Run while one is going is refused, so Stop always reaches it.
-_RUNNERS: dict[str, Any] = {}
-_RUNNERS_LOCK = threading.Lock()
-# The step a session's user picked in the inspector while its run streams (None: follow the end).
-_SELECTED: dict[str, int] = {}
-# Sessions whose finished run's plots are still to be drawn (on_draw): True once the user
-# scrubbed or clicked a token meanwhile, so the draw leaves that step's plots alone.
-_DRAW_PENDING: dict[str, bool] = {}
-# Running comparisons by their run token (a value the page holds in #run-token and sends with
-# Stop). Stop cannot rely on the session hash alone: in the browser, after a refused Shift+Enter
-# a Stop request arrived under another session hash than its Run's and stopped nothing.
-_BY_TOKEN: dict[str, Any] = {}
-
-BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
 # Shift+Enter while this page's run streams (Run disabled): the browser says why nothing started.
-BUSY_JS = ("() => { const b = document.querySelector('#run');"
-           " return b && b.disabled ? '<div class=\"pg-status pg-status-info pg-notice\">' + "
-           + repr(BUSY_MESSAGE) + " + '</div>' : ''; }")
+BUSY_JS = page_js("busy_notice.js", BUSY_MESSAGE=BUSY_MESSAGE)
 
-
-class FrameFlow:
-    """How far the page has drawn one run's frames (acknowledged by FLOW_JS)."""
-
-    def __init__(self) -> None:
-        self.drawn = 0  # the newest frame the page has drawn (frames count from 1)
-        self._cond = threading.Condition()
-
-    def ack(self, frame: int) -> None:
-        """The page drew ``frame``."""
-        with self._cond:
-            if frame > self.drawn:
-                self.drawn = frame
-                self._cond.notify_all()
-
-    def wait_drawn(self, frame: int, timeout: float, cancelled: Callable[[], bool]) -> bool:
-        """Wait until the page has drawn ``frame`` (True), for at most ``timeout`` seconds, and
-        no longer once ``cancelled()`` says the run was stopped (Stop's frame goes out at once)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self.drawn < frame:
-                rest = deadline - time.monotonic()
-                if rest <= 0 or cancelled():
-                    return False
-                self._cond.wait(min(rest, 0.05))
-            return True
-
-
-# Runs whose page acknowledges frames, by run token (the acknowledgement names the token).
-_FLOWS: dict[str, FrameFlow] = {}
 
 # Run by the Run event in the browser, before the request leaves. Once per page it installs
 # two things. (1) Frame acknowledgements: whenever the status line shows a new frame number,
@@ -128,118 +90,31 @@ _FLOWS: dict[str, FrameFlow] = {}
 # whose new tokens and stats it patches into the lanes, asking again once the browser has drawn
 # them, at most POLL_HZ times a second. All three requests go to the app's own routes
 # (page_routes.py), not to Gradio events.
-FLOW_JS = """(...args) => {
-  const root = ((window.gradio_config && window.gradio_config.root) || (location.origin + location.pathname))
-    .replace(/\\/+$/, '');
-  const post = (what, value) => fetch(root + '/playground_api/' + what, {method: 'POST',
-    headers: {'Content-Type': 'application/json'}, body: JSON.stringify({value})});
-  if (!window.__pgFlow) {
-    window.__pgFlow = true;
-    let last = '';
-    let pending = false;
-    const send = () => {
-      pending = false;
-      const f = document.querySelector('#status [data-frame]');
-      const v = f ? f.getAttribute('data-frame') : '';
-      if (!v || v === last) return;
-      last = v;
-      post('ack', v).catch(() => {});
-    };
-    // A frame counts as drawn once the browser is idle after it (laid out, painted, no task
-    // waiting), or two seconds later in a page that is never idle: the next ones then cannot
-    // crowd out a click. The whole page is watched and #status looked up each time, so a
-    // status element Gradio re-creates is still followed.
-    new MutationObserver(() => {
-      if (pending) return;
-      pending = true;
-      if (window.requestIdleCallback) requestIdleCallback(send, {timeout: 2000}); else setTimeout(send, 50);
-    }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['data-frame']});
-    document.addEventListener('click', (e) => {
-      const b = e.target && e.target.closest ? e.target.closest('#stop') : null;
-      if (!b || b.disabled) return;
-      const f = document.querySelector('#status [data-frame]');
-      const v = f ? f.getAttribute('data-frame') : '';
-      const tok = (window.__pgLive && window.__pgLive.tok) || v.slice(0, v.lastIndexOf(':'));
-      if (tok) post('stop', tok).catch(() => {});
-    }, true);
-  }
-  const bytes = crypto.getRandomValues(new Uint8Array(16));
-  const tok = Array.from(bytes, (x) => x.toString(16).padStart(2, '0')).join('');
-  const live = window.__pgLive = {tok, seq: 0, seen: false, misses: 0};
-  // Patch one answer into the lanes. An append goes at the end of the lane's tokens only if
-  // the element is still the one this run wrote (Gradio may have replaced it); otherwise the
-  // next poll asks for every lane whole.
-  const apply = (ans) => {
-    let whole = false;
-    for (const l of ans.lanes) {
-      const k = l.lane + 1;
-      const out = document.querySelector('#lane-' + k + '-output .tok-output');
-      if (out) {
-        if (l.op === 'append') {
-          if (out.dataset.live === tok) out.insertAdjacentHTML('beforeend', l.html); else whole = true;
-        } else {
-          const box = out.parentElement;
-          box.innerHTML = l.html;
-          const mine = box.querySelector('.tok-output');
-          if (mine) mine.dataset.live = tok;
-        }
-      } else whole = true;
-      const st = document.querySelector('#lane-' + k + '-stats .lane-stats');
-      if (st && st.parentElement) st.parentElement.innerHTML = l.stats;
-    }
-    return whole;
-  };
-  const POLL_HZ = 12;
-  const poll = () => {
-    if (window.__pgLive !== live) return;  // a newer run reads its own feed
-    const asked = performance.now();
-    post('live', tok + ':' + live.seq).then((r) => r.json()).then((ans) => {
-      // an answer that arrives after the run's last frame (sent before Stop) is stale
-      if (window.__pgLive !== live || document.querySelector('#status [data-run-end="' + tok + '"]')) return;
-      if (ans.unknown) {
-        // not started yet (queued, or the poll overtook the Run), or over: a run once seen
-        // has ended; one never seen is asked for again ten times a second, for a minute
-        // (the server answers such a poll at once)
-        if (!live.seen && ++live.misses < 600) setTimeout(poll, 100);
-        return;
-      }
-      if (ans.busy) { setTimeout(poll, 100); return; }  // another poll of this run is being served
-      live.seen = true;
-      live.seq = apply(ans) ? -1 : ans.seq;
-      if (ans.done) return;
-      // ask again once this answer is drawn (a hidden tab draws nothing and stops asking: the
-      // Run frames then carry the text), and not more than POLL_HZ times a second
-      requestAnimationFrame(() => setTimeout(poll, Math.max(0, 1000 / POLL_HZ - (performance.now() - asked))));
-    }).catch(() => { if (window.__pgLive === live && ++live.misses < 120) setTimeout(poll, 500); });
-  };
-  poll();
-  args[args.length - 1] = 'flow:' + tok;
-  return args;
-}"""
+FLOW_JS = page_js("run_flow.js")
 
 
-class Busy(PlaygroundError):
-    """A second comparison was asked for in a page whose first one is still running."""
+class RunHandlers:
+    """Run, Stop and Share, over the page's components ``ui``. ``sessions`` is the page registry
+    (a page's runner, run token, feed and picked step), ``inspector`` draws the lanes and plots,
+    ``config`` says what a run that did not start leaves in the lanes."""
 
-
-class RunSession(PageLayout):
-    """Run, Stop and Share handlers (mixed into ``ComparePage``)."""
+    def __init__(self, ui: Layout, sessions: PageSessions, inspector: InspectorHandlers,
+                 config: LaneHandlers) -> None:
+        self.ui, self.sessions, self.inspector, self.config = ui, sessions, inspector, config
 
     # ================================================================== events
     def wire_run(self, demo: gr.Blocks) -> None:
         """Attach Run (button and Enter in the prompt) and Stop."""
-        from playground.hosting import model_event_settings
-
-        run_inputs = [self.model, self.model_path, self.prompt, self.seed, self.max_new, self.policy, self.metric,
-                      self.lane_count, self.preset_state]
-        for ui in self.lanes:
+        run_inputs = [self.ui.model, self.ui.model_path, self.ui.prompt, self.ui.seed, self.ui.max_new, self.ui.policy, self.ui.metric,
+                      self.ui.lane_count, self.ui.preset_state]
+        for ui in self.ui.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
-        run_inputs += option_inputs(self)  # chat, system prompt, remote-code opt-in (model_options)
-        run_inputs.append(self.owner_key)  # the saved session is this browser's (ownership.py)
+        run_inputs += option_inputs(self.ui)  # chat, system prompt, remote-code opt-in (model_options)
+        run_inputs.append(self.ui.owner_key)  # the saved session is this browser's (ownership.py)
         # The last input is the flow flag: FLOW_JS sets it to "flow:<run token>" in a page that
         # acknowledges the frames it draws and reads the live feed (the hidden run token box only
         # carries it; its own value is ignored).
-        run_inputs.append(self.run_token)
+        run_inputs.append(self.ui.run_token)
         # The Run button and Shift+Enter in the prompt are ONE event. As two events with the same
         # outputs, a Shift+Enter during a run sent a second request whose refusal shared the
         # running event's outputs (buttons included) and raised a toast over the page; in the
@@ -247,20 +122,20 @@ class RunSession(PageLayout):
         # the browser sends no second Run while the first is pending (the server still refuses
         # one that races in), and BUSY_JS says so in #run-notice, which no server frame writes
         # while the run streams.
-        self.run_event = gr.on([self.run_btn.click, self.prompt.submit], self.on_run, run_inputs,
-                               self.run_outputs() + [self.run_btn, self.stop_btn, self.notice, self.run_token],
+        self.run_event = gr.on([self.ui.run_btn.click, self.ui.prompt.submit], self.on_run, run_inputs,
+                               self.ui.run_outputs() + [self.ui.run_btn, self.ui.stop_btn, self.ui.notice, self.ui.run_token],
                                show_progress="hidden", trigger_mode="once",
                                js=FLOW_JS, **model_event_settings())
         # Every plot is drawn by this follow-up event, after the Done frame has re-enabled Run:
         # the stream stays a short list of outputs, and Done never waits for a dozen figures.
         # Not in the model group: drawing needs no model and must not queue behind a Run.
-        self.run_event.then(nothing_is_skip(self.on_draw), [self.traces, self.step], self.draw_outputs(), show_progress="hidden")
-        self.prompt.submit(None, None, [self.notice], js=BUSY_JS, queue=False, show_progress="hidden")
-        self.stop_btn.click(self.on_stop, [self.run_token], None, queue=False)
+        self.run_event.then(nothing_is_skip(self.on_draw), [self.ui.traces, self.ui.step], self.ui.draw_outputs(), show_progress="hidden")
+        self.ui.prompt.submit(None, None, [self.ui.notice], js=BUSY_JS, queue=False, show_progress="hidden")
+        self.ui.stop_btn.click(self.on_stop, [self.ui.run_token], None, queue=False)
 
     def wire_share(self, demo: gr.Blocks) -> None:
         """Attach Share."""
-        self.share_btn.click(self.on_share, [self.sid], [self.share_link])
+        self.ui.share_btn.click(self.on_share, [self.ui.sid], [self.ui.share_link])
 
     # ================================================================== handlers
     def on_run(self, request: gr.Request, *args: Any) -> Iterator[dict[Any, Any]]:
@@ -270,14 +145,14 @@ class RunSession(PageLayout):
         ``args`` are the values of the Run button's inputs (page settings, then 4 per lane).
         """
         (model, model_path, prompt, seed, max_new, policy, metric, lane_count, preset) = args[:9]
-        lane_args = args[9: 9 + 4 * self.max_lanes]
+        lane_args = args[9: 9 + 4 * self.ui.max_lanes]
         # After the lanes: the model options, then the flow flag (FLOW_JS sets it, the last input,
         # in a page that acknowledges the frames it draws).
-        options, tail = split_options(self, tuple(args[9 + 4 * self.max_lanes:]))
+        options, tail = split_options(self.ui, tuple(args[9 + 4 * self.ui.max_lanes:]))
         owner_key = tail[0] if len(tail) > 1 else None
         flag = str(tail[-1]) if tail and tail[-1] else ""
-        flow = FrameFlow() if flag == "flow" or flag.startswith("flow:") else None
-        n = max(1, min(int(lane_count or 2), self.max_lanes))
+        wants_flow = flag == "flow" or flag.startswith("flow:")
+        n = max(1, min(int(lane_count or 2), self.ui.max_lanes))
         lanes = []
         for j in range(n):
             dec, knobs, draft, lmodel = lane_args[4 * j: 4 * j + 4]
@@ -291,62 +166,61 @@ class RunSession(PageLayout):
             _check_models_allowed()
         except PlaygroundError as e:
             gr.Warning(str(e))
-            yield {self.status: status_html(str(e), "error")}
+            yield {self.ui.status: status_html(str(e), "error")}
             return
         key = session_key(request)
-        if running_runner(key) is not None:
+        page = self.sessions.page(key)
+        if page.running() is not None:
             # No toast: it can lie over the Stop button that the user needs next.
-            yield {self.status: status_html(BUSY_MESSAGE, "error")}
+            yield {self.ui.status: status_html(BUSY_MESSAGE, "error")}
             return
         started = time.perf_counter()
         # The page's script names the run (so it can read the live feed and send Stop before the
         # first frame arrives); a page without it, or a token in use, gets one made here.
-        feed = open_feed(flag[len("flow:"):], self._live_render(metric)) if flag.startswith("flow:") else None
+        feed = self.sessions.open_feed(flag[len("flow:"):], self._live_render(metric), key) \
+            if flag.startswith("flow:") else None
         token = flag[len("flow:"):] if feed is not None else secrets.token_urlsafe(16)
+        if feed is None:
+            self.sessions.name_run(key, token)
         end_mark = token if feed is not None else None  # the last frame's status names the run ended
         # Every frame until the last repeats the buttons' state. Gradio streams each output as a
         # diff against its previous frame, and a frame that leaves the buttons out reads as
         # "delete interactive"; when the browser took the first two frames together, Stop stayed
         # disabled for the whole run (1 run in 4 in the browser) and could not be pressed.
-        busy = {self.run_btn: gr.update(interactive=False), self.stop_btn: gr.update(interactive=True)}
+        busy = {self.ui.run_btn: gr.update(interactive=False), self.ui.stop_btn: gr.update(interactive=True)}
         start: dict[Any, Any] = {
-            self.run_token: token,
-            self.status: status_html("Preparing lanes (loading models if needed)…"), self.share_link: "",
-            **busy, self.notice: ""}
+            self.ui.run_token: token,
+            self.ui.status: status_html("Preparing lanes (loading models if needed)…"), self.ui.share_link: "",
+            **busy, self.ui.notice: ""}
         # The previous run's traces and session id stay until the last frame replaces them:
         # changing them here set off their change listeners (three more events, each costing the
         # browser a walk over every component) just when the first tokens should be drawn.
-        for ui, cfg in zip(self.lanes, lanes):
+        for ui, cfg in zip(self.ui.lanes, lanes):
             if feed is None:
                 # (a page reading the live feed gets every lane whole in its first answer, with
                 # tokens most often; two writes of six lanes at once delayed the first tokens)
                 start[ui.output] = empty_output(ui.k, "Starting…")
                 start[ui.stats] = stats_html("")
             start[ui.insp_header] = pending_header(ui.k, cfg.decoder)
-        if flow is not None:
-            _FLOWS[token] = flow
+        flow = self.sessions.start_flow(token) if wants_flow else None
         yield start
         frame = 0  # frames sent by the stream (the status line carries the number)
         pacer = PlotPacer()
-        outputs = {ui.output for ui in self.lanes}
+        outputs = {ui.output for ui in self.ui.lanes}
         traces: list[dict[str, Any]] = []
         runner = None
         shown: dict[int, Any] = {}  # lane -> what its output shows now (so unchanged lanes send nothing)
         legends: dict[int, str] = {}  # lane -> the colouring its legend shows (while the feed is read)
         warned: set[int] = set()
         last_status = -1.0
-        _SELECTED.pop(key, None)
-        stream = compare_stream(page_model, prompt, seed_i, mnt, policy, lanes, key)
+        page.selected = None
+        stream = page_race(page_model, prompt, seed_i, mnt, policy, lanes, page)
         try:
             for kind, payload in stream:
                 if kind == "runner":
                     runner = payload
                     if feed is not None:
                         feed.attach(runner)
-                    with _RUNNERS_LOCK:
-                        for t in [t for t, r in _BY_TOKEN.items() if r.finished]:
-                            del _BY_TOKEN[t]  # ended runs leave (a closed page's too)
-                        _BY_TOKEN[token] = runner
                     continue
                 traces = payload
                 for j, tr in enumerate(traces):
@@ -360,7 +234,7 @@ class RunSession(PageLayout):
                 if feed is not None and feed.following():
                     # the page reads the lanes' text from the live feed; these frames carry
                     # the rest (status, legends, the strip), a couple of times a second
-                    up = self.legend_updates(traces, metric, legends)
+                    up = self.inspector.legend_updates(traces, metric, legends)
                     shown.clear()  # should the page stop reading, every lane is sent here whole
                     if not up and now - last_status < FOLLOWED_STATUS_S and not pacer.due("strip", now):
                         if runner is not None:
@@ -369,7 +243,7 @@ class RunSession(PageLayout):
                             runner.join(max(0.0, FOLLOWED_STATUS_S - (now - last_status)))
                         continue
                 else:
-                    up = self.live_updates(traces, metric, shown)
+                    up = self.inspector.live_updates(traces, metric, shown)
                 if now - last_status >= 0.5 or not up or flow is not None:
                     # with flow control every frame carries the status line: it holds the frame
                     # number the page acknowledges
@@ -378,14 +252,14 @@ class RunSession(PageLayout):
                     loading = sum(1 for t in traces if t.get("preparing"))
                     what = f", {loading} still loading" if loading else ""
                     frame += 1
-                    up[self.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
+                    up[self.ui.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
                                                   f"{what} ({now - started:.1f} s)",
                                                   frame=f"{token}:{frame}" if flow is not None else None)
                 # No lane plots in the stream (a step the user scrubs to or clicks is drawn at
                 # once from the live snapshot by on_step / on_token); the strip at a paced rate.
                 if pacer.due("strip", now):
                     with pacer.timed("strip"):
-                        up.update(self.strip_updates(traces, follow=key not in _SELECTED))
+                        up.update(self.inspector.strip_updates(traces, follow=page.selected is None))
                 if flow is not None and runner is not None:
                     # the page must have drawn all but FLOW_WINDOW of the frames sent so far
                     flow.wait_drawn(frame - FLOW_WINDOW, FLOW_WAIT_S, lambda: runner.cancelled or runner.finished)
@@ -396,39 +270,36 @@ class RunSession(PageLayout):
                 if rest > 0 and runner is not None:
                     runner.join(rest)  # the worker decodes on meanwhile; Stop or the end cut this short
         except Busy as e:  # another Run of this page got there first: leave it alone
-            yield {self.status: status_html(str(e), "error")}
+            yield {self.ui.status: status_html(str(e), "error")}
             return
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
-            yield {self.status: status_html(str(e), "error", ended=end_mark), **self.idle_buttons(),
-                   self.notice: "", **self.not_run(n, str(e))}
+            yield {self.ui.status: status_html(str(e), "error", ended=end_mark), **self.ui.idle_buttons(),
+                   self.ui.notice: "", **self.config.not_run(n, str(e))}
             return
         except Exception as e:  # noqa: BLE001 - a bug shows as one line; the log has the traceback
             log.exception("comparison failed")
             msg = one_line(f"the comparison failed: {type(e).__name__}: {e}")
             gr.Warning(msg)
-            yield {self.status: status_html(msg, "error", ended=end_mark), **self.idle_buttons(),
-                   self.notice: "", **self.not_run(n, msg)}
+            yield {self.ui.status: status_html(msg, "error", ended=end_mark), **self.ui.idle_buttons(),
+                   self.ui.notice: "", **self.config.not_run(n, msg)}
             return
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
-            picked = _SELECTED.pop(key, None)
-            _FLOWS.pop(token, None)
-            close_feed(token)
+            picked, page.selected = page.selected, None
+            self.sessions.end_run(token)
         stopped = runner is not None and runner.cancelled
         if traces and not (feed is not None and feed.following()):
             # The lanes' final text and stats at once (Stop visibly took effect); saving and
             # drawing every plot take longer and follow in the last frame. A page reading the
             # live feed has the text already, and the last frame follows within tens of ms:
             # one Gradio message less there is a tenth of a second less before Run is back.
-            yield {**self.live_updates(traces, metric, shown), **busy,
-                   self.status: status_html(f"{'Stopped' if stopped else 'Finishing'} — saving and drawing "
+            yield {**self.inspector.live_updates(traces, metric, shown), **busy,
+                   self.ui.status: status_html(f"{'Stopped' if stopped else 'Finishing'} — saving and drawing "
                                             f"every plot…")}
         sid, saved = None, ""
         if traces and any(t.get("steps") for t in traces):
             try:
-                from playground.store import default_store
-
                 pre = st.preset_page(preset) if preset else None
                 title = st.session_title(lanes, pre["title"] if pre and [c.decoder for c in pre["lanes"]] ==
                                          [c.decoder for c in lanes] else None)
@@ -445,25 +316,25 @@ class RunSession(PageLayout):
         fail = f" Lane{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed (see the lane)." if failed else ""
         # The status names the run as ended: a live-feed answer still on its way (sent before
         # Stop) must not overwrite the final text and stats this frame writes.
-        up = self.result_updates(traces, metric, step=None, plots=False, sid=sid,
+        up = self.inspector.result_updates(traces, metric, step=None, plots=False, sid=sid,
                                  status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
                                                     "error" if failed else "ok" if not stopped else "info",
                                                     ended=end_mark))
-        up[self.sid] = sid  # None when nothing was saved: the previous run's session is not this one
+        up[self.ui.sid] = sid  # None when nothing was saved: the previous run's session is not this one
         top = max((visualizers.step_count(t) for t in traces), default=0)
         last = max(top - 1, 0)
         # The scrubber: the last step, or the one the user picked while the run streamed; the
         # chained draw (on_draw) then draws every plot at it.
-        up[self.step] = gr.update(minimum=0, maximum=max(top - 1, 1),
+        up[self.ui.step] = gr.update(minimum=0, maximum=max(top - 1, 1),
                                   value=last if picked is None else min(int(picked), last))
-        up.update(self.idle_buttons())
-        up[self.notice] = ""
-        _DRAW_PENDING[key] = False
+        up.update(self.ui.idle_buttons())
+        up[self.ui.notice] = ""
+        page.draw_pending = False
         yield up
 
     def _live_render(self, metric: str) -> Callable[[int, dict[str, Any]], tuple[str, str]]:
         """How the live feed renders a lane (the same HTML the Run frames would carry)."""
-        return lambda j, trace: self.live_lane(j, trace, metric)
+        return lambda j, trace: self.inspector.live_lane(j, trace, metric)
 
     def on_draw(self, traces: list[dict[str, Any]] | None, step: Any, request: gr.Request) -> dict[Any, Any]:
         """Draw every plot of the run that just ended (chained after Run), at scrubber ``step``.
@@ -472,24 +343,24 @@ class RunSession(PageLayout):
         fills only the run plots and the strip. Nothing is drawn while this page's next run
         streams, or when there is nothing to draw.
         """
-        key = session_key(request)
-        if not traces or running_runner(key) is not None:
-            _DRAW_PENDING.pop(key, None)
+        page = self.sessions.page(session_key(request))
+        if not traces or page.running() is not None:
+            page.draw_pending = None
             return {}
         try:
             s = int(step) if step is not None else None
         except (TypeError, ValueError):
             s = None
-        up = self.inspector_updates(list(traces), s)
-        if running_runner(key) is not None:  # the page's next run started while this drew
-            _DRAW_PENDING.pop(key, None)
+        up = self.inspector.inspector_updates(list(traces), s)
+        if page.running() is not None:  # the page's next run started while this drew
+            page.draw_pending = None
             return {}
-        if _DRAW_PENDING.pop(key, False):  # the user picked a step meanwhile: leave the step plots
-            keep = {self.progress_plot, self.divergence}
-            for ui in self.lanes:
+        if page.take_draw():  # the user picked a step meanwhile: leave the step plots
+            keep = {self.ui.progress_plot, self.ui.divergence}
+            for ui in self.ui.lanes:
                 keep.update([ui.insp_column, ui.run_html, *ui.run_plots])
             up = {c: v for c, v in up.items() if c in keep}
-        up.pop(self.step, None)
+        up.pop(self.ui.step, None)
         return up
 
     def on_stop(self, token: str | None, request: gr.Request) -> None:
@@ -499,15 +370,14 @@ class RunSession(PageLayout):
         stopped lanes. (Sharing an output with the streaming event was a suspect in a run
         that never showed its last frame.)
         """
-        runner = running_runner(session_key(request))
-        with _RUNNERS_LOCK:
-            by_token = _BY_TOKEN.get(str(token or ""))
+        runner = self.sessions.running_runner(session_key(request))
+        by_token = self.sessions.runner_by_token(token)
         for r in {id(x): x for x in (runner, by_token) if x is not None}.values():
             r.cancel()
 
     def on_share(self, sid: str | None, request: gr.Request) -> str:
         """Show the share link of the current session."""
-        if running_runner(session_key(request)) is not None:
+        if self.sessions.running_runner(session_key(request)) is not None:
             gr.Warning("the comparison is still running: press Share once it is done (or stopped)")
             return ""
         if not sid:
@@ -516,60 +386,21 @@ class RunSession(PageLayout):
         return st.share_url(root_url(request), sid)
 
 
-def stop_run(token: str | None) -> None:
-    """Stop the running comparison whose run token is ``token`` (sent by FLOW_JS when Stop is
-    pressed); an unknown or ended run's token stops nothing."""
-    with _RUNNERS_LOCK:
-        runner = _BY_TOKEN.get(str(token or "")) if token else None
-    if runner is not None:
-        runner.cancel()
-
-
-def on_frame_drawn(value: str | None) -> None:
-    """The page drew frame ``"<run token>:<n>"`` of a run (sent by FLOW_JS); anything else,
-    or a run that has ended, is ignored."""
-    tok, _, n = str(value or "").rpartition(":")
-    flow = _FLOWS.get(tok)
-    if flow is not None and n.isdigit():
-        flow.ack(int(n))
-
-
 # ---------------------------------------------------------------------- the model work
-def running_runner(key: str) -> Any:
-    """The comparison running in browser session ``key``, or None."""
-    with _RUNNERS_LOCK:
-        runner = _RUNNERS.get(key)
-    return runner if runner is not None and not runner.finished else None
-
-
-def select_step(key: str, step: int) -> None:
-    """Remember the step the user picked while session ``key``'s run streams (the Done frame
-    keeps it), or while its plots are being drawn (the draw leaves it alone)."""
-    if running_runner(key) is not None:
-        _SELECTED[key] = int(step)
-    elif key in _DRAW_PENDING:
-        _DRAW_PENDING[key] = True
-
-
-def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
-                         lanes: list[st.LaneConfig], key: str) -> Iterator[tuple[str, Any]]:
+def _page_race_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
+                    lanes: list[st.LaneConfig], page: PageSession) -> Iterator[tuple[str, Any]]:
     """Start the comparison's worker and stream its snapshots at the page's cadence.
 
     Yields ("runner", runner) once, then ("snapshots", [trace dict per lane]) at most
     ``STREAM_RATE`` times per second while something changed, and a final one. Raises
-    :class:`Busy` when this browser session already runs a comparison, and PlaygroundError
+    :class:`Busy` when this page already runs a comparison, and PlaygroundError
     when no lane could start, all for the same page-level reason.
     """
-    from playground.runner import Lane, Runner, pending_trace
-
     runner = Runner([Lane(label=cfg.decoder, prepare=_preparer(cfg, model, prompt, seed, max_new_tokens),
                           stub=pending_trace(cfg.decoder, cfg.model or model, prompt, cfg.params, seed))
                      for cfg in lanes], policy=policy, rate=FLOOR_RATE if STREAM_RATE > 0 else 0)
-    with _RUNNERS_LOCK:
-        old = _RUNNERS.get(key)
-        if old is not None and not old.finished:
-            raise Busy(BUSY_MESSAGE)
-        _RUNNERS[key] = runner
+    key = page.key
+    page.claim(runner)
     try:
         runner.start(name=f"playground-compare-{key[:12]}")
         yield "runner", runner
@@ -593,47 +424,29 @@ def _compare_stream_impl(model: str, prompt: str, seed: int, max_new_tokens: int
         runner.cancel()  # a closed stream (browser gone) must not leave lanes running
         if not runner.join(JOIN_S):
             log.warning("the comparison worker of %s did not end within %.0f s of Stop", key, JOIN_S)
-        with _RUNNERS_LOCK:
-            if _RUNNERS.get(key) is runner:
-                del _RUNNERS[key]
+        page.release(runner)
 
 
 def _preparer(cfg: st.LaneConfig, model: str, prompt: str, seed: int, max_new_tokens: int) -> Callable[[], Any]:
     """A callable that builds lane ``cfg``'s run (in the lane's own preparation thread)."""
     def build() -> Any:
-        from playground.engine import prepare
-
         # lane_request refuses a knob out of range or a missing draft: that lane fails, not the page
         return prepare(**st.lane_request(cfg, model, prompt, seed, max_new_tokens))
 
     return build
 
 
-def _gpu_wrapped() -> Callable[..., Iterator[tuple[str, Any]]]:
-    from playground.hosting import gpu
-
-    return gpu(_compare_stream_impl)
-
-
-compare_stream = _gpu_wrapped()
+# ZeroGPU wants its functions decorated when the app starts, not per request.
+page_race = gpu(_page_race_impl)
 
 
 def _check_models_allowed() -> None:
-    from playground.core.settings import limits
-
     if limits().no_models:
         raise PlaygroundError("model loading is disabled on this instance (replay only): open a shared session instead")
 
 
-def session_key(request: Any) -> str:
-    """The browser session a request comes from (``"local"`` when called without one)."""
-    return str(getattr(request, "session_hash", None) or "local")
-
-
 def root_url(request: Any) -> str:
     """The public URL of the app, from the request that pressed Share."""
-    from gradio import route_utils
-
     try:
         req = request.request
         return route_utils.get_root_url(req, route_utils.get_api_call_path(req), None)
