@@ -178,7 +178,7 @@ def test_family_declarations_are_checked():
 
 
 def test_the_page_offers_it_in_every_lane_picker(tally):
-    from playground.ui.state import decoder_choices, decoder_spec
+    from playground.ui.rules import decoder_choices, decoder_spec
 
     assert NAME in [name for _label, name in decoder_choices()]
     assert decoder_spec(NAME)["params"]["width"]["max"] == 8
@@ -193,7 +193,7 @@ def test_bad_knobs_are_one_line(tally, llama_handle):
 
 def test_its_trace_runs_stores_exports_imports_and_replays(tally, llama_handle, tmp_path):
     from playground.store import Store
-    from playground.ui.state import session_page
+    from playground.ui.rules import session_page
 
     tr = _run(llama_handle, params={"width": 4})
     assert [s["kind"] for s in tr["steps"]] == [KIND] * 5
@@ -280,7 +280,7 @@ def test_the_page_has_a_slot_for_every_plot_the_visualizers_return():
     ([{"kind": "draft", "watermark": {"green": True}}], "acceptance"),
 ])
 def test_auto_colouring_comes_from_the_kinds_and_evidence_the_visualizers_declare(steps, want):
-    from playground.ui.state import auto_metric
+    from playground.ui.rules import auto_metric
 
     trace = {"steps": steps}
     assert V.auto_metric(trace) == want == auto_metric(trace, "auto")
