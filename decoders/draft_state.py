@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from decoders._cache import CacheInfo, check_rollback, crop_layers, rollback_cache
+from decoders.kv_cache import CacheInfo, check_rollback, crop_layers, rollback_cache
 from playground.core.errors import PlaygroundError
 
 

@@ -109,7 +109,7 @@ def knob_groups() -> list[tuple[str, str, dict[str, dict[str, Any]]]]:
     from decoders.base import lens_param
     from decoders.constraint import constraint_params
     from decoders.processors import chain_params
-    from decoders.speculative._verify import rule_params
+    from decoders.draft_tree import rule_params
 
     def spec(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {n: p.to_dict() for n, p in params.items()}

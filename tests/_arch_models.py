@@ -158,7 +158,7 @@ DRAFT_STATE = ("adadec", "cntp", "ead", "spec_cascade")  # cntp/adadec roll back
 def expected(decoder: Any, kind: str) -> tuple[str, str]:
     """(status, why) of a decoder class on a cache kind: ``exact`` (equals greedy or transformers
     ``generate`` token for token, tested), ``runs`` or ``refused`` (one line)."""
-    from decoders.speculative._verify import SpecDecoder
+    from decoders.draft_tree import SpecDecoder
 
     spec = issubclass(decoder, SpecDecoder)
     if kind == "recurrent" and (spec or decoder.name in DRAFT_STATE):

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from decoders.speculative._verify import Rule, cactus_target, rule_params, verify_group
+from decoders.draft_tree import Rule, cactus_target, rule_params, verify_group
 from playground.engine import prepare
 from playground.core.models import handle_from_model
 from test_speculative import build_varied_llama

@@ -20,9 +20,9 @@ import torch
 import decoders  # noqa: F401 - registers every decoder
 from _arch_models import (BEGIN, CAUSAL, KIND_OF, MASKED, RECURRENT, WINDOW, WINDOWED, build_causal, build_masked,
                           doc_section, expected, support_table)
-from decoders._cache import MaskMap, cache_info, fit_tree_mask
+from decoders.kv_cache import MaskMap, cache_info, fit_tree_mask
 from decoders.base import all_decoders, get_decoder
-from decoders.speculative._verify import SpecDecoder, tree_inputs
+from decoders.draft_tree import SpecDecoder, tree_inputs
 from playground.engine import prepare
 from playground.core.errors import PlaygroundError
 from playground.core.models import handle_from_model
@@ -288,7 +288,7 @@ def test_a_draft_that_cannot_embed_the_tokenizer_is_refused(tokenizer):
 
 # ---------------------------------------------------------------------- the runtime lossless check
 def test_runtime_check_counts_a_committed_token_that_is_not_the_argmax(models, monkeypatch):
-    import decoders.speculative._verify as verify
+    import decoders.draft_tree as verify
 
     target, _ = models("llama")
     real = verify.verify_group
@@ -321,7 +321,7 @@ def test_models_doc_shows_the_current_matrix():
 @pytest.mark.parametrize("arch", ["mamba", "gemma2"])
 def test_repeat_batch_copies_every_kind_of_cache(models, arch):
     """Beams and candidates copy the prompt's cache per hypothesis: recurrent layers too."""
-    from decoders._cache import repeat_batch
+    from decoders.kv_cache import repeat_batch
 
     target, _ = models(arch)
     ids = target.encode(PROMPT)

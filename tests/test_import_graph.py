@@ -117,7 +117,7 @@ def test_the_checker_sees_lazy_relative_and_from_imports() -> None:
             "    from playground import store\n"
             "    import gradio as gr\n")
     found = [m for _, m in project_imports(ROOT / "decoders" / "probe.py", code)]
-    assert found == ["decoders.base", "decoders.speculative._verify.Tree", "playground.core.trace.Step",
+    assert found == ["decoders.base", "decoders.draft_tree.Tree", "playground.core.trace.Step",
                      "playground.ui.layout", "playground.runner", "playground.store", "gradio"]
     assert [m for m in found if not _under(m, ALLOWED["decoders"])] == found[3:]
 

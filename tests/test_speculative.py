@@ -16,7 +16,7 @@ import torch
 
 from decoders.base import all_decoders, get_decoder
 from decoders.processors import History, build_chain
-from decoders.speculative._verify import (ROOT, Rule, Tree, select_cache, tree_inputs, verify_group)
+from decoders.draft_tree import (ROOT, Rule, Tree, select_cache, tree_inputs, verify_group)
 from playground.engine import prepare
 from playground.core.errors import PlaygroundError
 from playground.core.models import handle_from_model

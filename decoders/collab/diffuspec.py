@@ -11,7 +11,7 @@ from decoders.ar import sample_index
 from decoders.base import Context, Int, PlaygroundError, register
 from decoders.citation import arxiv
 from decoders.draft_state import fit_logits
-from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, sampling_params
+from decoders.draft_tree import ROOT, SpecDecoder, SpecParams, Tree, Verified, sampling_params
 from playground.core.trace import Step
 
 

@@ -10,7 +10,7 @@ from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.citation import arxiv
 from decoders.contrastive._common import rounded
-from decoders._cache import repeat_batch, select_rows
+from decoders.kv_cache import repeat_batch, select_rows
 from playground.core.trace import Step
 
 # A log-probability of -inf (a masked token) would make 0·(-inf) = NaN in a KL sum; this

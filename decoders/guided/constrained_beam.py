@@ -11,7 +11,7 @@ import torch
 from decoders.base import Context, Decoder, Float, Int, Params, PlaygroundError, Text, register
 from decoders.citation import arxiv
 from decoders.constraint import parse_words
-from decoders.search._beam import BatchState, hits_stop
+from decoders.beam_batch import BatchState, hits_stop
 from playground.core.trace import Step
 
 NEG_INF = float("-inf")

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from decoders._cache import repeat_batch
+from decoders.kv_cache import repeat_batch
 from decoders.ar import draw
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
 from decoders.citation import arxiv

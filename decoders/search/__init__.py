@@ -10,7 +10,7 @@ step's list.
 from __future__ import annotations
 
 from decoders.base import declare_family
-from decoders.search._beam import BatchState, BeamGroup, Hyp, finish_reason_of, group_beam_search, hits_stop
+from decoders.beam_batch import BatchState, BeamGroup, Hyp, finish_reason_of, group_beam_search, hits_stop
 from decoders.search._parallel import Samples, iid_chooser, length_normalised, parallel_samples
 from decoders.search.arithmetic import Arithmetic, arithmetic_codes, cdf_interval
 from decoders.search.beam import Beam, DiverseBeam

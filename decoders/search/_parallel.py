@@ -10,7 +10,7 @@ import torch
 from decoders.ar import draw
 from decoders.base import Context, Float, Int
 from decoders.processors import History, build_chain, chain_defaults
-from decoders.search._beam import BatchState, hits_stop
+from decoders.beam_batch import BatchState, hits_stop
 from playground.core.trace import Step
 
 

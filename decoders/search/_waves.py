@@ -9,7 +9,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from decoders._cache import cache_info, repeat_batch
+from decoders.kv_cache import cache_info, repeat_batch
 from decoders.base import Context
 
 

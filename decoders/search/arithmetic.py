@@ -9,7 +9,7 @@ import torch
 
 from decoders.base import Choice, Context, Decoder, Int, Params, register
 from decoders.citation import arxiv
-from decoders.search._beam import finish_reason_of
+from decoders.beam_batch import finish_reason_of
 from decoders.search._parallel import _filter_knobs, _filters_lossy, parallel_samples
 from playground.core.trace import Step
 

@@ -8,7 +8,7 @@ from typing import Iterator
 from decoders.base import Context, Decoder, Float, Int, register
 from decoders.citation import Paper, arxiv
 from decoders.constraint import constraint_params
-from decoders.search._beam import BeamParams, _beam_knobs, group_beam_search
+from decoders.beam_batch import BeamParams, _beam_knobs, group_beam_search
 from playground.core.trace import Step
 
 

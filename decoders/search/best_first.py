@@ -12,7 +12,7 @@ import torch
 
 from decoders.base import Context, Decoder, Int, Params, register
 from decoders.citation import Paper, arxiv
-from decoders.search._beam import finish_reason_of, hits_stop
+from decoders.beam_batch import finish_reason_of, hits_stop
 from decoders.search._waves import wave_reader
 from playground.core.trace import Step
 

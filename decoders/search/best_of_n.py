@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 from decoders.base import Context, Decoder, Float, Int, Params, register
 from decoders.citation import arxiv
-from decoders.search._beam import finish_reason_of
+from decoders.beam_batch import finish_reason_of
 from decoders.search._parallel import _filter_knobs, iid_chooser, length_normalised, parallel_samples
 from playground.core.trace import Step
 

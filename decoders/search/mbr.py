@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, PlaygroundError, register
 from decoders.citation import Paper, arxiv
-from decoders.search._beam import finish_reason_of
+from decoders.beam_batch import finish_reason_of
 from decoders.search._parallel import _filter_chain, _filter_knobs, iid_chooser, parallel_samples
 from decoders.search._utility import AGGREGATABLE, UTILITIES, aggregated, ngram_f1, pairwise
 from playground.core.trace import Step

@@ -12,7 +12,7 @@ from decoders.ar import dist_evidence, draw, watch_field
 from decoders.base import Context, Decoder, Float, Int, Params, check_stop, register
 from decoders.citation import arxiv
 from decoders.draft_state import DraftState
-from decoders.search._beam import BatchState, hits_stop
+from decoders.beam_batch import BatchState, hits_stop
 from playground.core.trace import Step
 
 PUNCTUATION = set(".,;:!?\n")

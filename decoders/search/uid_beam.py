@@ -6,7 +6,7 @@ from typing import Iterator
 
 from decoders.base import Context, Decoder, Float, register
 from decoders.citation import arxiv
-from decoders.search._beam import BeamParams, _beam_knobs, group_beam_search
+from decoders.beam_batch import BeamParams, _beam_knobs, group_beam_search
 from playground.core.trace import Step
 
 

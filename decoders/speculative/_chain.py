@@ -17,7 +17,7 @@ import torch
 from decoders.ar import sample_index
 from decoders.base import Context
 from decoders.draft_state import DraftState, fit_logits
-from decoders.speculative._verify import ROOT, SpecDecoder, Tree
+from decoders.draft_tree import ROOT, SpecDecoder, Tree
 
 
 @dataclass

@@ -11,7 +11,7 @@ from decoders.base import Choice, Context, Float, PlaygroundError, Text, registe
 from decoders.citation import arxiv
 from decoders.draft_state import DraftState
 from decoders.speculative._chain import draft_chain
-from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
+from decoders.draft_tree import SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from decoders.speculative.draft_model import check_draft, check_draft_context
 from playground.core.trace import Step
 

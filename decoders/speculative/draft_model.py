@@ -10,10 +10,10 @@ import torch
 
 from decoders.ar import sample_index
 from decoders.base import Context, Float, Int, PlaygroundError, register
-from decoders._cache import CacheInfo, check_rollback, masks_by_type
+from decoders.kv_cache import CacheInfo, check_rollback, masks_by_type
 from decoders.citation import arxiv
 from decoders.draft_state import DraftState, fit_logits
-from decoders.speculative._verify import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
+from decoders.draft_tree import (ROOT, SpecDecoder, SpecParams, Tree, Verified, columns_mask,
                                           draw_without_replacement, rule_params, sampling_params)
 from playground.core.trace import Step
 

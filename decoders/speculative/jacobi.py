@@ -9,7 +9,7 @@ import torch
 
 from decoders.base import Choice, Context, Int, register
 from decoders.citation import arxiv
-from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified
+from decoders.draft_tree import ROOT, SpecDecoder, SpecParams, Tree, Verified
 from decoders.speculative.lookup import lookup_continuations
 from playground.core.trace import Step
 

@@ -11,8 +11,8 @@ from decoders.ar import sample_index
 from decoders.base import Bool, Context, Float, Int, PlaygroundError, register
 from decoders.citation import arxiv
 from decoders.processors import History
-from decoders._cache import cache_len, crop_layers
-from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
+from decoders.kv_cache import cache_len, crop_layers
+from decoders.draft_tree import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from playground.core.trace import Step
 
 

@@ -12,7 +12,7 @@ import torch
 
 from decoders.base import Context, Float, Int, register
 from decoders.citation import Paper, arxiv
-from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
+from decoders.draft_tree import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from playground.core.trace import Step
 
 

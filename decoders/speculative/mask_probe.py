@@ -8,7 +8,7 @@ import torch
 
 from decoders.base import Choice, Context, Int, register
 from decoders.citation import arxiv
-from decoders.speculative._verify import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
+from decoders.draft_tree import ROOT, SpecDecoder, SpecParams, Tree, Verified, rule_params, sampling_params
 from playground.core.trace import Step
 
 

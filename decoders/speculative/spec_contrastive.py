@@ -12,7 +12,7 @@ from decoders.citation import arxiv
 from decoders.contrastive.expert_amateur import CD_PAPER, cd_scores
 from decoders.draft_state import DraftState
 from decoders.speculative._chain import draft_chain
-from decoders.speculative._verify import SpecDecoder, SpecParams, Tree, Verified, tree_evidence
+from decoders.draft_tree import SpecDecoder, SpecParams, Tree, Verified, tree_evidence
 from decoders.speculative.draft_model import check_draft, check_draft_context
 from playground.core.trace import Step
 

@@ -13,7 +13,7 @@ import torch
 from decoders.ar import constraint_stage
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, PlaygroundError
 from decoders.constraint import follow_rows, mask_rows
-from decoders._cache import repeat_batch, select_rows
+from decoders.kv_cache import repeat_batch, select_rows
 from playground.core.trace import Step
 
 BIG = 1.0e9  # transformers' "very large negative" score for excluded candidates

@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from decoders._cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask, rollback_cache,
+from decoders.kv_cache import (CacheInfo, cache_len, check_rollback, fit_tree_mask, rollback_cache,
                              select_cache)
 from decoders.ar import (checked_probs, constraint_stage, descending_order, dist_evidence, pick_in_order,
                         sample_index, watch_evidence)
