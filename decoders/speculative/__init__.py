@@ -1,6 +1,7 @@
 """Family ``speculative``: draft-then-verify decoders (draft model, token trees, n-gram and
 prompt lookup, token recycling, Jacobi, lookahead, layer-skip self-speculation, mask-token
-probing) with pluggable acceptance rules. Shared mechanics (the draft tree and its verification) live in ``decoders/draft_tree.py``."""
+probing) with pluggable acceptance rules. Shared mechanics (the draft tree and its
+verification) live in ``decoders/draft_tree.py``."""
 
 from __future__ import annotations
 
