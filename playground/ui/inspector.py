@@ -210,12 +210,12 @@ def looked_at(sessions: PageSessions, request: Any, traces: list[dict[str, Any]]
 class PlotPacer:
     """Decides when a streaming run may redraw plots, so drawing never crowds out decoding.
 
-    Each kind of redraw ("strip": the comparison strip; "lanes": every lane's plots) waits
+    Each kind of redraw (today one: "strip", the comparison strip) waits
     at least its base period and at least ``factor`` times what its last redraw cost, which
     keeps plotting under about 1/factor of the time however slow the machine is.
     """
 
-    BASE = {"strip": 2 * PLOT_EVERY_S, "lanes": 3 * PLOT_EVERY_S}
+    BASE = {"strip": 2 * PLOT_EVERY_S}
 
     def __init__(self, factor: float = 8.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.factor, self.clock = factor, clock
@@ -242,7 +242,5 @@ class PlotPacer:
                 end = pacer.clock()
                 pacer.cost[kind] = end - self.t0
                 pacer.last[kind] = end
-                if kind == "lanes":
-                    pacer.last["strip"] = end  # a lanes redraw includes the strip
 
         return _T()
