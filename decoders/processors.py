@@ -8,8 +8,9 @@ neutral, in the order the user gave (like llama.cpp's sampler chain).
 A rule is one class: it declares its ``order`` item, its slot in the default order, its knobs
 (their defaults are the neutral values), when it acts and how it is built, and registers with
 :func:`rule`; the chain's knobs, its ``order`` items and its factory all come from the
-registered classes. A decoder takes the chain's knobs as they stand when its class is defined
-(``ChainParams(**chain_params(), ...)``), so a built-in rule lives here, before any of them.
+registered classes. A decoder's :class:`ChainParams` follow the registered rules, so a rule in
+a module of its own (registered after ``sample`` was defined) is a knob of ``sample`` and of
+every chain decoder from then on.
 
 The rules follow their references and, where transformers implements the same rule,
 transformers' arithmetic (``transformers.generation.logits_process``), so that the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -108,6 +110,13 @@ def _keep_max(logits: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
 # Every rule of the chain, in the order registered (the order of the knobs in a decoder's
 # controls); their ``slot`` orders the chain.
 RULES: list[type[Processor]] = []
+# Every ChainParams made (weakly): a rule registered later adds its knobs to them.
+_CHAIN_SPECS: "weakref.WeakSet[ChainParams]" = weakref.WeakSet()
+
+
+def _follow_rules() -> None:
+    for specs in list(_CHAIN_SPECS):
+        specs.follow_rules()
 
 
 def rule(cls: type[Processor]) -> type[Processor]:
@@ -128,6 +137,7 @@ def rule(cls: type[Processor]) -> type[Processor]:
     if "order" in cls.knobs:
         raise ValueError(f"{cls.__name__} may not declare the 'order' knob")
     RULES.append(cls)
+    _follow_rules()
     return cls
 
 
@@ -135,6 +145,7 @@ def forget_rule(cls: type[Processor]) -> None:
     """Remove a registered rule (for tests that register one of their own)."""
     if cls in RULES:
         RULES.remove(cls)
+        _follow_rules()
 
 
 def order_items() -> tuple[str, ...]:
@@ -818,7 +829,53 @@ def check_chain(decoder: str, knobs: dict[str, Any]) -> None:
 
 
 class ChainParams(Params):
-    """Params whose validation also runs :func:`check_chain` on the result."""
+    """Params whose validation also runs :func:`check_chain` on the result.
+
+    The specs follow the chain: a rule registered after a decoder built its specs (a rule in
+    a module of its own, imported after ``sampling.py``) adds its knobs to them, before
+    ``order``, whose items and default follow too; a forgotten rule's knobs go again. The
+    knobs a decoder took out or changed at construction (the speculative family drops
+    mirostat, sets its own temperature) stay as it left them: only rules that were not
+    registered then are added.
+    """
+
+    def __init__(self, **specs: Param) -> None:
+        super().__init__(**specs)
+        self._rules_at_start = set(RULES)
+        self._added: dict[type[Processor], tuple[str, ...]] = {}
+        _CHAIN_SPECS.add(self)
+
+    def __hash__(self) -> int:  # a WeakSet member: identity, as any spec object
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def follow_rules(self) -> None:
+        """Add the knobs of rules registered since these specs were made, drop those of
+        rules forgotten since, and renew ``order``."""
+        for r, names in list(self._added.items()):
+            if r not in RULES:
+                for k in names:
+                    self.pop(k, None)
+                del self._added[r]
+        new: dict[str, Param] = {}
+        for r in RULES:
+            if r not in self._rules_at_start and r not in self._added:
+                new.update(r.knobs)
+                self._added[r] = tuple(r.knobs)
+        if not new and "order" not in self:
+            return
+        # the new knobs go where the chain's knobs end (before ``order``), so a decoder's
+        # controls keep their order
+        rule_knobs = {k for r in RULES for k in r.knobs}
+        items = list(self.items())
+        at = next((i for i, (k, _) in enumerate(items) if k == "order"), None)
+        if at is None:
+            at = max((i + 1 for i, (k, _) in enumerate(items) if k in rule_knobs), default=len(items))
+        fresh = [(k, chain_params()["order"] if k == "order" else p) for k, p in items]
+        self.clear()
+        self.update(fresh[:at] + list(new.items()) + fresh[at:])
 
     def validate(self, decoder: str, given: dict[str, Any]) -> dict[str, Any]:
         out = super().validate(decoder, given)

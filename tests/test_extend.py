@@ -368,11 +368,14 @@ def test_a_rule_declared_in_its_class_joins_the_chain_at_its_slot(top_a):
         P.build_chain({"top_a": 2.0, "order": "top_k,temperature"})
 
 
-def test_its_knob_is_taken_by_a_sampling_decoder_and_cuts_as_the_rule_says(top_a, shakespeare):
+@pytest.mark.parametrize("decoder", [SAMPLER, "sample"])
+def test_its_knob_is_taken_by_a_sampling_decoder_and_cuts_as_the_rule_says(top_a, shakespeare, decoder):
+    """A decoder defined after the rule, and the built-in ``sample`` defined before it: the
+    rule's module is all a new rule needs."""
     from playground.core.errors import PlaygroundError
     from playground.engine import prepare
 
-    tr = prepare(model=shakespeare, decoder=SAMPLER, prompt="ROMEO:", max_new_tokens=6, seed=3,
+    tr = prepare(model=shakespeare, decoder=decoder, prompt="ROMEO:", max_new_tokens=6, seed=3,
                  params={"top_a": 3.0}).finish().to_dict()
     assert tr["stats"]["new_tokens"] == 6
     cut = 0
@@ -388,7 +391,16 @@ def test_its_knob_is_taken_by_a_sampling_decoder_and_cuts_as_the_rule_says(top_a
         cut += s["chain"][0]["removed"]
     assert cut > 0  # the rule removed tokens on these steps: the test saw it act
     with pytest.raises(PlaygroundError, match="out of range"):
-        prepare(model=shakespeare, decoder=SAMPLER, prompt="ROMEO:", max_new_tokens=2, params={"top_a": -1})
+        prepare(model=shakespeare, decoder=decoder, prompt="ROMEO:", max_new_tokens=2, params={"top_a": -1})
+
+
+def test_decoders_made_before_the_rule_list_its_knob_where_the_chain_ends(top_a):
+    from decoders import get_decoder
+
+    knobs = list(get_decoder("sample").params)
+    assert knobs.index("top_a") == knobs.index("order") - 1  # the controls keep their order
+    assert get_decoder("sample").params["order"].default == ",".join(P.order_items())
+    assert "top_a" in get_decoder("speculative").params  # the speculative chain takes it too
 
 
 def test_rules_are_checked_when_they_register():
