@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import gradio as gr
@@ -93,6 +94,64 @@ BUSY_JS = page_js("busy_notice.js", BUSY_MESSAGE=BUSY_MESSAGE)
 FLOW_JS = page_js("run_flow.js")
 
 
+@dataclass
+class RunRequest:
+    """What one press of Run asks for, read from the Run event's inputs (not yet checked)."""
+
+    page_model: str  # the model path if one was typed, else the picked model
+    prompt: Any
+    seed: Any
+    max_new: Any
+    policy: str
+    metric: str
+    preset: Any
+    lanes: list[st.LaneConfig]
+    owner_key: str | None
+    flag: str  # "flow:<run token>" from a page whose script reads the live feed
+
+    @property
+    def wants_flow(self) -> bool:
+        """Whether the page acknowledges the frames it draws (its script sent the flag)."""
+        return self.flag == "flow" or self.flag.startswith("flow:")
+
+
+def read_run_inputs(ui: Layout, args: tuple[Any, ...]) -> RunRequest:
+    """The Run event's input values as a :class:`RunRequest`: page settings, four values per
+    lane (only the first ``lane_count`` lanes count), the model options, the owner key, and
+    last the flow flag."""
+    (model, model_path, prompt, seed, max_new, policy, metric, lane_count, preset) = args[:9]
+    lane_args = args[9: 9 + 4 * ui.max_lanes]
+    options, tail = split_options(ui, tuple(args[9 + 4 * ui.max_lanes:]))
+    owner_key = tail[0] if len(tail) > 1 else None
+    flag = str(tail[-1]) if tail and tail[-1] else ""
+    n = max(1, min(int(lane_count or 2), ui.max_lanes))
+    lanes = []
+    for j in range(n):
+        dec, knobs, draft, lmodel = lane_args[4 * j: 4 * j + 4]
+        lanes.append(st.LaneConfig(decoder=dec or "", params=st.coerce_knobs(dec or "", knobs or {}),
+                                   draft=None if draft in (None, "", st.NO_DRAFT) or not st.needs_draft(dec) else draft,
+                                   model=None if lmodel in (None, "", st.SAME_MODEL) else lmodel))
+    lanes = st.with_options(lanes, **page_options(*options))
+    return RunRequest(page_model=(model_path or "").strip() or (model or "").strip(), prompt=prompt, seed=seed,
+                      max_new=max_new, policy=policy, metric=metric, preset=preset, lanes=lanes,
+                      owner_key=owner_key, flag=flag)
+
+
+@dataclass
+class RunStream:
+    """One streaming run as on_run follows it: its token, transports, runner and latest traces."""
+
+    token: str
+    started: float
+    feed: Any  # the live feed the page reads, or None
+    busy: dict[Any, Any]  # the buttons' state every frame repeats
+    end_mark: str | None
+    flow: Any  # the frame flow, or None
+    runner: Any = None
+    traces: list[dict[str, Any]] = field(default_factory=list)
+    shown: dict[int, Any] = field(default_factory=dict)  # lane -> what its output shows now
+
+
 class RunHandlers:
     """Run, Stop and Share, over the page's components ``ui``. ``sessions`` is the page registry
     (a page's runner, run token, feed and picked step), ``inspector`` draws the lanes and plots,
@@ -143,26 +202,12 @@ class RunHandlers:
 
         ``request`` comes first because Gradio injects it only into positional parameters;
         ``args`` are the values of the Run button's inputs (page settings, then 4 per lane).
+        The steps: read and check the inputs, open the run (its token, feed and frame flow),
+        stream its frames, then save it and send the last frame.
         """
-        (model, model_path, prompt, seed, max_new, policy, metric, lane_count, preset) = args[:9]
-        lane_args = args[9: 9 + 4 * self.ui.max_lanes]
-        # After the lanes: the model options, then the flow flag (FLOW_JS sets it, the last input,
-        # in a page that acknowledges the frames it draws).
-        options, tail = split_options(self.ui, tuple(args[9 + 4 * self.ui.max_lanes:]))
-        owner_key = tail[0] if len(tail) > 1 else None
-        flag = str(tail[-1]) if tail and tail[-1] else ""
-        wants_flow = flag == "flow" or flag.startswith("flow:")
-        n = max(1, min(int(lane_count or 2), self.ui.max_lanes))
-        lanes = []
-        for j in range(n):
-            dec, knobs, draft, lmodel = lane_args[4 * j: 4 * j + 4]
-            lanes.append(st.LaneConfig(decoder=dec or "", params=st.coerce_knobs(dec or "", knobs or {}),
-                                       draft=None if draft in (None, "", st.NO_DRAFT) or not st.needs_draft(dec) else draft,
-                                       model=None if lmodel in (None, "", st.SAME_MODEL) else lmodel))
-        lanes = st.with_options(lanes, **page_options(*options))
-        page_model = (model_path or "").strip() or (model or "").strip()
+        req = read_run_inputs(self.ui, args)
         try:
-            seed_i, mnt = st.check_page(page_model, prompt, seed, max_new, lanes)
+            seed_i, mnt = st.check_page(req.page_model, req.prompt, req.seed, req.max_new, req.lanes)
             _check_models_allowed()
         except PlaygroundError as e:
             gr.Warning(str(e))
@@ -174,163 +219,193 @@ class RunHandlers:
             # No toast: it can lie over the Stop button that the user needs next.
             yield {self.ui.status: status_html(BUSY_MESSAGE, "error")}
             return
-        started = time.perf_counter()
-        # The page's script names the run (so it can read the live feed and send Stop before the
-        # first frame arrives); a page without it, or a token in use, gets one made here.
-        feed = self.sessions.open_feed(flag[len("flow:"):], self._live_render(metric), key) \
-            if flag.startswith("flow:") else None
-        token = flag[len("flow:"):] if feed is not None else secrets.token_urlsafe(16)
-        if feed is None:
-            self.sessions.name_run(key, token)
-        end_mark = token if feed is not None else None  # the last frame's status names the run ended
-        # Every frame until the last repeats the buttons' state. Gradio streams each output as a
-        # diff against its previous frame, and a frame that leaves the buttons out reads as
-        # "delete interactive"; when the browser took the first two frames together, Stop stayed
-        # disabled for the whole run (1 run in 4 in the browser) and could not be pressed.
-        busy = {self.ui.run_btn: gr.update(interactive=False), self.ui.stop_btn: gr.update(interactive=True)}
-        start: dict[Any, Any] = {
-            self.ui.run_token: token,
-            self.ui.status: status_html("Preparing lanes (loading models if needed)…"), self.ui.share_link: "",
-            **busy, self.ui.notice: ""}
-        # The previous run's traces and session id stay until the last frame replaces them:
-        # changing them here set off their change listeners (three more events, each costing the
-        # browser a walk over every component) just when the first tokens should be drawn.
-        for ui, cfg in zip(self.ui.lanes, lanes):
-            if feed is None:
-                # (a page reading the live feed gets every lane whole in its first answer, with
-                # tokens most often; two writes of six lanes at once delayed the first tokens)
-                start[ui.output] = empty_output(ui.k, "Starting…")
-                start[ui.stats] = stats_html("")
-            start[ui.insp_header] = pending_header(ui.k, cfg.decoder)
-        flow = self.sessions.start_flow(token) if wants_flow else None
-        yield start
-        frame = 0  # frames sent by the stream (the status line carries the number)
-        pacer = PlotPacer()
-        outputs = {ui.output for ui in self.ui.lanes}
-        traces: list[dict[str, Any]] = []
-        runner = None
-        shown: dict[int, Any] = {}  # lane -> what its output shows now (so unchanged lanes send nothing)
-        legends: dict[int, str] = {}  # lane -> the colouring its legend shows (while the feed is read)
-        warned: set[int] = set()
-        last_status = -1.0
+        run = self._open_run(req, key)
+        yield self._first_frame(req, run)
         page.selected = None
-        stream = page_race(page_model, prompt, seed_i, mnt, policy, lanes, page)
+        stream = page_race(req.page_model, req.prompt, seed_i, mnt, req.policy, req.lanes, page)
         try:
-            for kind, payload in stream:
-                if kind == "runner":
-                    runner = payload
-                    if feed is not None:
-                        feed.attach(runner)
-                    continue
-                traces = payload
-                for j, tr in enumerate(traces):
-                    err = (tr.get("stats") or {}).get("error")
-                    if err and j not in warned and not tr.get("steps"):
-                        warned.add(j)  # a lane that could not start: say so once, at once
-                        gr.Warning(f"lane {j + 1}: {err}")
-                if runner is not None and runner.finished:
-                    continue  # the final frame is drawn in full below
-                now = time.perf_counter()
-                if feed is not None and feed.following():
-                    # the page reads the lanes' text from the live feed; these frames carry
-                    # the rest (status, legends, the strip), a couple of times a second
-                    up = self.inspector.legend_updates(traces, metric, legends)
-                    shown.clear()  # should the page stop reading, every lane is sent here whole
-                    if not up and now - last_status < FOLLOWED_STATUS_S and not pacer.due("strip", now):
-                        if runner is not None:
-                            # nothing to send for a while: read again when the status is due
-                            # (each read makes the worker publish a snapshot)
-                            runner.join(max(0.0, FOLLOWED_STATUS_S - (now - last_status)))
-                        continue
-                else:
-                    up = self.inspector.live_updates(traces, metric, shown)
-                if now - last_status >= 0.5 or not up or flow is not None:
-                    # with flow control every frame carries the status line: it holds the frame
-                    # number the page acknowledges
-                    last_status = now
-                    running = sum(1 for t in traces if not t.get("done"))
-                    loading = sum(1 for t in traces if t.get("preparing"))
-                    what = f", {loading} still loading" if loading else ""
-                    frame += 1
-                    up[self.ui.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
-                                                  f"{what} ({now - started:.1f} s)",
-                                                  frame=f"{token}:{frame}" if flow is not None else None)
-                # No lane plots in the stream (a step the user scrubs to or clicks is drawn at
-                # once from the live snapshot by on_step / on_token); the strip at a paced rate.
-                if pacer.due("strip", now):
-                    with pacer.timed("strip"):
-                        up.update(self.inspector.strip_updates(traces, follow=page.selected is None))
-                if flow is not None and runner is not None:
-                    # the page must have drawn all but FLOW_WINDOW of the frames sent so far
-                    flow.wait_drawn(frame - FLOW_WINDOW, FLOW_WAIT_S, lambda: runner.cancelled or runner.finished)
-                up.update(busy)
-                yield up
-                spent = sum(len(v) for c, v in up.items() if c in outputs and isinstance(v, str))
-                rest = spent / HTML_BYTES_PER_S - (time.perf_counter() - now)
-                if rest > 0 and runner is not None:
-                    runner.join(rest)  # the worker decodes on meanwhile; Stop or the end cut this short
+            yield from self._stream_frames(stream, req, run, page)
         except Busy as e:  # another Run of this page got there first: leave it alone
             yield {self.ui.status: status_html(str(e), "error")}
             return
         except PlaygroundError as e:  # a page-level problem (e.g. the model cannot load)
             gr.Warning(str(e))
-            yield {self.ui.status: status_html(str(e), "error", ended=end_mark), **self.ui.idle_buttons(),
-                   self.ui.notice: "", **self.config.not_run(n, str(e))}
+            yield self._failed_frame(req, run, str(e))
             return
         except Exception as e:  # noqa: BLE001 - a bug shows as one line; the log has the traceback
             log.exception("comparison failed")
             msg = one_line(f"the comparison failed: {type(e).__name__}: {e}")
             gr.Warning(msg)
-            yield {self.ui.status: status_html(msg, "error", ended=end_mark), **self.ui.idle_buttons(),
-                   self.ui.notice: "", **self.config.not_run(n, msg)}
+            yield self._failed_frame(req, run, msg)
             return
         finally:
             stream.close()  # the page went away (or an error): the worker must not run on
             picked, page.selected = page.selected, None
-            self.sessions.end_run(token)
-        stopped = runner is not None and runner.cancelled
-        if traces and not (feed is not None and feed.following()):
+            self.sessions.end_run(run.token)
+        stopped = run.runner is not None and run.runner.cancelled
+        if run.traces and not (run.feed is not None and run.feed.following()):
             # The lanes' final text and stats at once (Stop visibly took effect); saving and
             # drawing every plot take longer and follow in the last frame. A page reading the
             # live feed has the text already, and the last frame follows within tens of ms:
             # one Gradio message less there is a tenth of a second less before Run is back.
-            yield {**self.inspector.live_updates(traces, metric, shown), **busy,
+            yield {**self.inspector.live_updates(run.traces, req.metric, run.shown), **run.busy,
                    self.ui.status: status_html(f"{'Stopped' if stopped else 'Finishing'} — saving and drawing "
-                                            f"every plot…")}
-        sid, saved = None, ""
-        if traces and any(t.get("steps") for t in traces):
-            try:
-                pre = st.preset_page(preset) if preset else None
-                title = st.session_title(lanes, pre["title"] if pre and [c.decoder for c in pre["lanes"]] ==
-                                         [c.decoder for c in lanes] else None)
-                settings = st.session_settings(page_model, seed_i, mnt, policy, metric, lanes, preset)
-                sid = default_store().save_session(title, page_model, prompt, settings, traces,
-                                                   owner=owner_id(owner_key))
-                saved = " Saved — press Share for a link."
-            except PlaygroundError as e:
-                gr.Warning(f"could not save the session: {e}")
-                saved = f" (not saved: {e})"
+                                               f"every plot…")}
+        sid, saved = self._save(req, run.traces, seed_i, mnt)
+        page.draw_pending = False
+        yield self._last_frame(req, run, stopped, sid, saved, picked)
+
+    def _open_run(self, req: "RunRequest", key: str) -> "RunStream":
+        """Name the run and open what it streams through (the live feed, the frame flow)."""
+        started = time.perf_counter()
+        # The page's script names the run (so it can read the live feed and send Stop before the
+        # first frame arrives); a page without it, or a token in use, gets one made here.
+        named = req.flag[len("flow:"):] if req.flag.startswith("flow:") else None
+        feed = self.sessions.open_feed(named, self._live_render(req.metric), key) if named is not None else None
+        token = named if feed is not None else secrets.token_urlsafe(16)
+        if feed is None:
+            self.sessions.name_run(key, token)
+        # Every frame until the last repeats the buttons' state. Gradio streams each output as a
+        # diff against its previous frame, and a frame that leaves the buttons out reads as
+        # "delete interactive"; when the browser took the first two frames together, Stop stayed
+        # disabled for the whole run (1 run in 4 in the browser) and could not be pressed.
+        busy = {self.ui.run_btn: gr.update(interactive=False), self.ui.stop_btn: gr.update(interactive=True)}
+        return RunStream(token=token, started=started, feed=feed, busy=busy,
+                         end_mark=token if feed is not None else None,  # the last frame names the run ended
+                         flow=self.sessions.start_flow(token) if req.wants_flow else None)
+
+    def _first_frame(self, req: "RunRequest", run: "RunStream") -> dict[Any, Any]:
+        """The frame that says the run started: Run disabled, Stop enabled, lanes starting."""
+        start: dict[Any, Any] = {
+            self.ui.run_token: run.token,
+            self.ui.status: status_html("Preparing lanes (loading models if needed)…"), self.ui.share_link: "",
+            **run.busy, self.ui.notice: ""}
+        # The previous run's traces and session id stay until the last frame replaces them:
+        # changing them here set off their change listeners (three more events, each costing the
+        # browser a walk over every component) just when the first tokens should be drawn.
+        for ui, cfg in zip(self.ui.lanes, req.lanes):
+            if run.feed is None:
+                # (a page reading the live feed gets every lane whole in its first answer, with
+                # tokens most often; two writes of six lanes at once delayed the first tokens)
+                start[ui.output] = empty_output(ui.k, "Starting…")
+                start[ui.stats] = stats_html("")
+            start[ui.insp_header] = pending_header(ui.k, cfg.decoder)
+        return start
+
+    def _stream_frames(self, stream: Iterator[tuple[str, Any]], req: "RunRequest", run: "RunStream",
+                       page: PageSession) -> Iterator[dict[Any, Any]]:
+        """The frames while the lanes decode: what changed, the status, the strip at a paced
+        rate; ``run`` keeps the runner and the latest traces."""
+        pacer = PlotPacer()
+        outputs = {ui.output for ui in self.ui.lanes}
+        legends: dict[int, str] = {}  # lane -> the colouring its legend shows (while the feed is read)
+        warned: set[int] = set()
+        last_status = -1.0
+        frame = 0  # frames sent by the stream (the status line carries the number)
+        for kind, payload in stream:
+            if kind == "runner":
+                run.runner = payload
+                if run.feed is not None:
+                    run.feed.attach(run.runner)
+                continue
+            run.traces = traces = payload
+            runner = run.runner
+            for j, tr in enumerate(traces):
+                err = (tr.get("stats") or {}).get("error")
+                if err and j not in warned and not tr.get("steps"):
+                    warned.add(j)  # a lane that could not start: say so once, at once
+                    gr.Warning(f"lane {j + 1}: {err}")
+            if runner is not None and runner.finished:
+                continue  # the final frame is drawn in full by on_run
+            now = time.perf_counter()
+            if run.feed is not None and run.feed.following():
+                # the page reads the lanes' text from the live feed; these frames carry
+                # the rest (status, legends, the strip), a couple of times a second
+                up = self.inspector.legend_updates(traces, req.metric, legends)
+                run.shown.clear()  # should the page stop reading, every lane is sent here whole
+                if not up and now - last_status < FOLLOWED_STATUS_S and not pacer.due("strip", now):
+                    if runner is not None:
+                        # nothing to send for a while: read again when the status is due
+                        # (each read makes the worker publish a snapshot)
+                        runner.join(max(0.0, FOLLOWED_STATUS_S - (now - last_status)))
+                    continue
+            else:
+                up = self.inspector.live_updates(traces, req.metric, run.shown)
+            if now - last_status >= 0.5 or not up or run.flow is not None:
+                # with flow control every frame carries the status line: it holds the frame
+                # number the page acknowledges
+                last_status = now
+                running = sum(1 for t in traces if not t.get("done"))
+                loading = sum(1 for t in traces if t.get("preparing"))
+                what = f", {loading} still loading" if loading else ""
+                frame += 1
+                up[self.ui.status] = status_html(f"Running… {running} of {len(traces)} lanes still decoding"
+                                                 f"{what} ({now - run.started:.1f} s)",
+                                                 frame=f"{run.token}:{frame}" if run.flow is not None else None)
+            # No lane plots in the stream (a step the user scrubs to or clicks is drawn at
+            # once from the live snapshot by on_step / on_token); the strip at a paced rate.
+            if pacer.due("strip", now):
+                with pacer.timed("strip"):
+                    up.update(self.inspector.strip_updates(traces, follow=page.selected is None))
+            if run.flow is not None and runner is not None:
+                # the page must have drawn all but FLOW_WINDOW of the frames sent so far
+                run.flow.wait_drawn(frame - FLOW_WINDOW, FLOW_WAIT_S, lambda: runner.cancelled or runner.finished)
+            up.update(run.busy)
+            yield up
+            spent = sum(len(v) for c, v in up.items() if c in outputs and isinstance(v, str))
+            rest = spent / HTML_BYTES_PER_S - (time.perf_counter() - now)
+            if rest > 0 and runner is not None:
+                runner.join(rest)  # the worker decodes on meanwhile; Stop or the end cut this short
+
+    def _failed_frame(self, req: "RunRequest", run: "RunStream", msg: str) -> dict[Any, Any]:
+        """The last frame of a run that could not go on: the message, Run back, the lanes say why."""
+        return {self.ui.status: status_html(msg, "error", ended=run.end_mark), **self.ui.idle_buttons(),
+                self.ui.notice: "", **self.config.not_run(len(req.lanes), msg)}
+
+    def _save(self, req: "RunRequest", traces: list[dict[str, Any]], seed: int,
+              max_new_tokens: int) -> tuple[str | None, str]:
+        """Store the run as this browser's session: its id (None when nothing was saved) and
+        what the status line says about it."""
+        if not (traces and any(t.get("steps") for t in traces)):
+            return None, ""
+        try:
+            pre = st.preset_page(req.preset) if req.preset else None
+            title = st.session_title(req.lanes, pre["title"] if pre and [c.decoder for c in pre["lanes"]] ==
+                                     [c.decoder for c in req.lanes] else None)
+            settings = st.session_settings(req.page_model, seed, max_new_tokens, req.policy, req.metric,
+                                           req.lanes, req.preset)
+            sid = default_store().save_session(title, req.page_model, req.prompt, settings, traces,
+                                               owner=owner_id(req.owner_key))
+            return sid, " Saved — press Share for a link."
+        except PlaygroundError as e:
+            gr.Warning(f"could not save the session: {e}")
+            return None, f" (not saved: {e})"
+
+    def _last_frame(self, req: "RunRequest", run: "RunStream", stopped: bool, sid: str | None, saved: str,
+                    picked: int | None) -> dict[Any, Any]:
+        """Done (or Stopped): the lanes complete, the session id, the scrubber, Run enabled."""
+        traces = run.traces
         head = "Stopped" if stopped else "Done"
         # A lane that failed makes the whole line red and says which, never a green "Done".
         failed = [str(j + 1) for j, t in enumerate(traces) if (t.get("stats") or {}).get("error")]
         fail = f" Lane{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed (see the lane)." if failed else ""
         # The status names the run as ended: a live-feed answer still on its way (sent before
         # Stop) must not overwrite the final text and stats this frame writes.
-        up = self.inspector.result_updates(traces, metric, step=None, plots=False, sid=sid,
-                                 status=status_html(f"{head} in {time.perf_counter() - started:.1f} s.{fail}{saved}",
-                                                    "error" if failed else "ok" if not stopped else "info",
-                                                    ended=end_mark))
+        up = self.inspector.result_updates(traces, req.metric, step=None, plots=False, sid=sid,
+                                           status=status_html(f"{head} in {time.perf_counter() - run.started:.1f} s."
+                                                              f"{fail}{saved}",
+                                                              "error" if failed else "ok" if not stopped else "info",
+                                                              ended=run.end_mark))
         up[self.ui.sid] = sid  # None when nothing was saved: the previous run's session is not this one
         top = max((visualizers.step_count(t) for t in traces), default=0)
         last = max(top - 1, 0)
         # The scrubber: the last step, or the one the user picked while the run streamed; the
         # chained draw (on_draw) then draws every plot at it.
         up[self.ui.step] = gr.update(minimum=0, maximum=max(top - 1, 1),
-                                  value=last if picked is None else min(int(picked), last))
+                                     value=last if picked is None else min(int(picked), last))
         up.update(self.ui.idle_buttons())
         up[self.ui.notice] = ""
-        page.draw_pending = False
-        yield up
+        return up
 
     def _live_render(self, metric: str) -> Callable[[int, dict[str, Any]], tuple[str, str]]:
         """How the live feed renders a lane (the same HTML the Run frames would carry)."""
