@@ -594,6 +594,29 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     assert stopped == ["tok"]
 
 
+def test_the_launched_routes_serve_the_pages_own_runs(demo):
+    """The routes launch() adds read the very registry the page's runs are in: a feed the page
+    opens is what a poll of its token finds (a separate registry answered every poll
+    "unknown", and lane text then came only with the Run frames)."""
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from playground.ui import app_kwargs
+
+    assert len(demo.page_sessions) == 0  # no page open yet: an empty registry is still the one
+    client = TestClient(Starlette(routes=app_kwargs(demo)["routes"]))
+    token = "ab" * 16
+    feed = demo.page_sessions.open_feed(token, lambda lane, trace: ("", ""), "some-page")
+    assert feed is not None
+    try:
+        assert demo.page_sessions.find_feed(f"{token}:0")[0] is feed
+        answer = client.post("/playground_api/live", json={"value": f"{token}:0"}).json()
+        assert answer != {"unknown": True}
+    finally:
+        demo.page_sessions.end_run(token)
+    assert client.post("/playground_api/live", json={"value": f"{token}:0"}).json() == {"unknown": True}
+
+
 def test_stop_and_acks_get_through_while_the_same_address_holds_every_poll_slot(monkeypatch):
     """Five pages of one browser (or a class behind one school address) each hold a long poll;
     a Stop sent meanwhile from that address must reach its run, never a 429 (a lost Stop let

@@ -95,6 +95,11 @@ def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
     """What :func:`launch` gives Gradio's FastAPI app: the page's routes (serving the page
     registry and the Sessions tab's export links of ``demo``) and the request guard."""
     view = getattr(demo, "sessions_view", None)
-    sessions = getattr(demo, "page_sessions", None) or PageSessions()
+    # ``is None``, not ``or``: the page's registry is empty (falsy) until a page opens, and a
+    # fresh registry here served no run — every live-feed poll was "unknown" and lane text
+    # came only with the Run frames, about once a second (the ui bench: 0.5 updates/s)
+    sessions = getattr(demo, "page_sessions", None)
+    if sessions is None:
+        sessions = PageSessions()
     return {"routes": routes.page_routes(sessions=sessions, exports=getattr(view, "exports", None)),
             "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}
