@@ -109,7 +109,7 @@ def test_the_checker_sees_lazy_relative_and_from_imports() -> None:
     # page must all be reported, as they would be in a real decoder module.
     code = ("import torch\n"
             "from . import base\n"
-            "from .speculative._verify import Tree\n"
+            "from .draft_tree import Tree\n"
             "from playground.core.trace import Step\n"
             "def f():\n"
             "    from playground.ui import layout\n"
