@@ -49,9 +49,9 @@ class DraftState:
             crop_layers(self.cache, length)
             del self.ids[length:]
 
-    def catch_up(self, committed: Sequence[int]) -> torch.Tensor:
-        """Feed what the cache lacks of ``committed`` (at least the last token); return the
-        draft logits after it (1-D)."""
+    def keep_common(self, committed: Sequence[int]) -> int:
+        """Crop the cache to its common prefix with ``committed``, leaving at least the last
+        committed token to feed; return the length kept."""
         n = 0
         for a, b in zip(self.ids, committed):
             if a != b:
@@ -59,6 +59,12 @@ class DraftState:
             n += 1
         n = min(n, len(committed) - 1)
         self.crop(n)
+        return n
+
+    def catch_up(self, committed: Sequence[int]) -> torch.Tensor:
+        """Feed what the cache lacks of ``committed`` (at least the last token); return the
+        draft logits after it (1-D)."""
+        n = self.keep_common(committed)
         return self.feed(committed[n:])[-1]
 
     def feed(self, ids: Sequence[int], **kw: Any) -> torch.Tensor:

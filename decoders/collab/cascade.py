@@ -96,13 +96,7 @@ class SpecCascade(Decoder):
                 if i + 1 < min(gamma, room):
                     logits = small.feed([x])[-1]
             # the large model scores the block in one forward
-            n = 0
-            for a, b in zip(large.ids, committed):
-                if a != b:
-                    break
-                n += 1
-            n = min(n, len(committed) - 1)
-            large.crop(n)
+            n = large.keep_common(committed)
             rows = large.feed(committed[n:] + toks)
             base = len(committed) - n - 1
             nodes, path, new = [], [], []
