@@ -594,7 +594,7 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     assert stopped == ["tok"]
 
 
-def test_the_launched_routes_serve_the_pages_own_runs(demo):
+def test_the_launched_routes_serve_the_pages_own_runs(demo, monkeypatch):
     """The routes launch() adds read the very registry the page's runs are in: a feed the page
     opens is what a poll of its token finds (a separate registry answered every poll
     "unknown", and lane text then came only with the Run frames)."""
@@ -602,8 +602,12 @@ def test_the_launched_routes_serve_the_pages_own_runs(demo):
     from starlette.testclient import TestClient
 
     from playground.ui import app_kwargs
+    from playground.ui.page_session import PageSessions
 
-    assert len(demo.page_sessions) == 0  # no page open yet: an empty registry is still the one
+    # the shared page has served other tests' pages; the bug was the empty (falsy) registry of
+    # a freshly launched page, so give it one that holds no page yet
+    monkeypatch.setattr(demo, "page_sessions", PageSessions())
+    assert len(demo.page_sessions) == 0
     client = TestClient(Starlette(routes=app_kwargs(demo)["routes"]))
     token = "ab" * 16
     feed = demo.page_sessions.open_feed(token, lambda lane, trace: ("", ""), "some-page")
