@@ -181,8 +181,6 @@ def test_a_poll_before_the_runner_exists_waits_then_answers_empty():
     feed = LiveFeed(render)
     ans = feed.poll(0, timeout=0.2)
     assert ans == {"seq": 0, "lanes": [], "done": False}
-    assert feed.following()  # it polled: the Run frames leave the lanes' text to the feed
-    assert not feed.following(now=time.monotonic() + live_feed.FOLLOWING_S + 1)
 
 
 def test_lane_signature_tracks_what_the_page_shows():

@@ -99,7 +99,7 @@ def test_replay_only_instance_refuses_to_run(page, tiny, db, monkeypatch):
     assert "replay only" in html_of(frames[-1], page.status)
 
 
-def test_stop_keeps_what_was_made_and_saves(page, tiny, db):
+def test_stop_keeps_what_was_made_and_saves(page, tiny, db, frame_per_snapshot):
     gen = page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
     final = None
     for k, up in enumerate(gen):
@@ -255,18 +255,19 @@ def test_an_unexpected_failure_is_one_line_not_a_traceback(page, tiny, db, monke
     assert "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB" in msg and "\n" not in msg
 
 
-def test_streamed_outputs_grow_by_appending(page, tiny, db, monkeypatch):
-    """While streaming, each frame of a token lane extends the previous one (Gradio then
-    sends only the new tokens); the final frame is complete HTML."""
+def test_the_run_frames_carry_no_lane_text_while_streaming(page, tiny, db, monkeypatch, frame_per_snapshot):
+    """One transport for lane text: a page that does not read the live feed (no script) gets
+    its lanes' text in the last frame only, complete; the frames before it carry the status
+    line and never a lane's output or stats."""
     import playground.ui.run_handlers as compare
 
-    monkeypatch.setattr(compare, "STREAM_RATE", 0)  # a frame after every step, however fast
+    monkeypatch.setattr(compare, "STREAM_RATE", 0)  # a snapshot after every step, however fast
     frames = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=12)))
-    outs = [raw_of(f, page.lanes[0].output) for f in frames if page.lanes[0].output in f]
-    live = [o for o in outs[:-1] if 'class="tok"' in o]
-    assert len(live) >= 2
-    assert all(b.startswith(a) for a, b in zip(live, live[1:]))
-    assert outs[-1].endswith("</div>") and outs[-1].count('class="tok"') == 12
+    live = frames[1:-1]
+    assert len(live) >= 2 and all(page.status in f for f in live)
+    assert not [f for f in live for ui in page.lanes if ui.output in f or ui.stats in f]
+    outs = [raw_of(frames[-1], ui.output) for ui in page.lanes[:2]]
+    assert all(o.endswith("</div>") and o.count('class="tok"') == 12 for o in outs)
 
 
 def test_a_tokenizer_that_produces_script_tokens_is_escaped_on_the_page(page, db, monkeypatch):
@@ -314,6 +315,16 @@ class Session:
         self.session_hash = name
 
 
+@pytest.fixture
+def frame_per_snapshot(monkeypatch):
+    """The Run stream sends a frame (its status line) for every snapshot it reads, as it did when
+    lane text rode in the frames: a test that acts between frames then acts mid-run, not after
+    a tiny model's 200 tokens (a second at the page's own status pace)."""
+    import playground.ui.run_handlers as rs
+
+    monkeypatch.setattr(rs, "STATUS_S", 0.0)
+
+
 def _runner_of(page, key):
     return page.sessions.running_runner(key)
 
@@ -328,7 +339,7 @@ def _until_running(page, gen, key):
     raise AssertionError("the run never started decoding")
 
 
-def test_closing_the_run_stream_ends_its_worker(page, tiny, db):
+def test_closing_the_run_stream_ends_its_worker(page, tiny, db, frame_per_snapshot):
     """The page goes away mid-run (Gradio closes the generator): no decoding thread is left."""
     gen = page.on_run(Session("gone"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
     runner, _ = _until_running(page, gen, "gone")
@@ -340,7 +351,7 @@ def test_closing_the_run_stream_ends_its_worker(page, tiny, db):
     assert not [t for t in __import__("threading").enumerate() if t.name.startswith("playground-compare-gone")]
 
 
-def test_stop_reaches_the_run_by_its_token_whatever_session_hash_it_comes_with(page, tiny, db):
+def test_stop_reaches_the_run_by_its_token_whatever_session_hash_it_comes_with(page, tiny, db, frame_per_snapshot):
     # In the browser, a Stop after a refused Shift+Enter arrived under another session hash than
     # its Run's; the token the Run wrote to #run-token (and Stop sends back) still reaches it.
     first = page.on_run(Session("tok"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
@@ -356,7 +367,7 @@ def test_stop_reaches_the_run_by_its_token_whatever_session_hash_it_comes_with(p
     assert all(t["stats"]["finish_reason"] == "cancelled" for t in final[page.traces])
 
 
-def test_a_second_run_in_the_same_page_is_refused_and_stop_still_reaches_the_first(page, tiny, db):
+def test_a_second_run_in_the_same_page_is_refused_and_stop_still_reaches_the_first(page, tiny, db, frame_per_snapshot):
     first = page.on_run(Session("busy"), *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
     runner, _ = _until_running(page, first, "busy")
     frames = list(page.on_run(Session("busy"), *run_args(page, [("greedy", {})], max_new=4)))
@@ -369,7 +380,7 @@ def test_a_second_run_in_the_same_page_is_refused_and_stop_still_reaches_the_fir
     assert all(t["stats"]["finish_reason"] == "cancelled" for t in final[page.traces])
 
 
-def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, monkeypatch):
+def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, frame_per_snapshot, monkeypatch):
     """Lane 2's model hangs while loading; Stop ends the run with lane 1's output kept."""
     import threading
 
@@ -397,7 +408,7 @@ def test_stop_during_preparation_ends_the_run_at_once(page, tiny, db, monkeypatc
     assert not traces[1]["output_ids"]
 
 
-def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatch):
+def test_live_frames_leave_the_state_and_the_plots_to_the_end(page, tiny, db, monkeypatch, frame_per_snapshot):
     import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
@@ -410,8 +421,8 @@ def test_live_frames_send_only_the_lanes_that_changed(page, tiny, db, monkeypatc
     final = frames[-1]
     assert final[page.traces] and final[page.shown] and final[page.sid]
     assert all(not any(c in f for c in page.lanes[0].run_plots) for f in live)
-    # a lane whose text did not change sends nothing: some frames carry only one lane
-    assert any((page.lanes[0].output in f) != (page.lanes[1].output in f) for f in live)
+    # a lane's legend is sent once, when its colouring is first known
+    assert sum(page.lanes[0].legend in f for f in live) == 1
 
 
 def test_the_run_stream_is_a_short_list_and_the_plots_follow_done(page, tiny, db):
@@ -468,7 +479,7 @@ def _frame_of(up, page):
     return m.group(1) if m else None
 
 
-def test_a_page_that_acknowledges_frames_is_never_sent_more_than_the_window_ahead(page, tiny, db, monkeypatch):
+def test_a_page_that_acknowledges_frames_is_never_sent_more_than_the_window_ahead(page, tiny, db, monkeypatch, frame_per_snapshot):
     """Each live frame names itself; before sending frame n the stream waits until the page
     has drawn frame n - FLOW_WINDOW (so frames never queue up in a busy browser, where a click
     on Stop once waited behind them until the run had ended)."""
@@ -500,7 +511,7 @@ def test_a_page_that_acknowledges_frames_is_never_sent_more_than_the_window_ahea
     page.sessions.frame_drawn("garbage")
 
 
-def test_a_page_that_stops_acknowledging_slows_the_stream_but_never_stalls_it(page, tiny, db, monkeypatch):
+def test_a_page_that_stops_acknowledging_slows_the_stream_but_never_stalls_it(page, tiny, db, monkeypatch, frame_per_snapshot):
     import playground.ui.run_handlers as rs
 
     monkeypatch.setattr(rs, "STREAM_RATE", 0)
@@ -514,7 +525,7 @@ def test_a_page_that_stops_acknowledging_slows_the_stream_but_never_stalls_it(pa
     assert "data-run-end" not in raw_of(plain[-1], page.status)  # no feed, nothing to fence off
 
 
-def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch):
+def test_stop_cuts_short_a_wait_for_the_page_to_draw(page, tiny, db, monkeypatch, frame_per_snapshot):
     """A page that stops acknowledging (its browser is swamped) still gets Stop at once. Lane 2's
     model never finishes loading, so only Stop can end this run."""
     import threading
@@ -657,7 +668,7 @@ class _FullSlots:
         raise AssertionError("nothing was entered")
 
 
-def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypatch):
+def test_stop_by_run_token_stops_that_run_and_no_other(page, tiny, db, monkeypatch, frame_per_snapshot):
     """What the page's click listener sends on Stop: the run token from the status line's
     frame name. A stranger's token and an ended run's stop nothing."""
     import threading
@@ -782,10 +793,10 @@ def test_a_page_that_reads_the_live_feed_gets_every_token_once_and_frames_withou
     assert "append" in ops  # the lanes grew by appends, not resent whole
     for j, tr in enumerate(final):
         assert shown[j] == page.live_lane(j, tr, "auto")[0]  # every token, once, in order
-    # the start frame leaves the lanes to the feed's first answer, and the frames after it carry
-    # no lane output once the page follows (the poller may enter its first poll a frame late)
+    # the start frame leaves the lanes to the feed's first answer, and no frame after it carries
+    # lane output until the last (the feed is the one path lane text takes while streaming)
     assert not any(ui.output in frames[0] or ui.stats in frames[0] for ui in page.lanes)
-    assert not [f for f in frames[2:-1] if any(ui.output in f for ui in page.lanes)]
+    assert not [f for f in frames[1:-1] if any(ui.output in f or ui.stats in f for ui in page.lanes)]
     assert any(ui.output in frames[-1] for ui in page.lanes)  # the final frame has everything
     # ...and names the run ended, so a feed answer still on its way is not applied over it
     assert f'data-run-end="{token}"' in raw_of(frames[-1], page.status)

@@ -20,7 +20,6 @@ from playground.ui.align import at_position
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, error_html, stats_html
 from playground.ui.layout import Layout
-from playground.ui.live_feed import lane_signature
 from playground.ui.page_js import page_js
 from playground.ui.page_session import PageSessions, session_key
 from playground.ui.updates import compare_updates, insp_header, slot_updates
@@ -73,24 +72,9 @@ class InspectorHandlers:
             up.update(self.inspector_updates(traces, step))
         return up
 
-    def live_updates(self, traces: list[dict[str, Any]], metric: str, shown: dict[int, Any]) -> dict[Any, Any]:
-        """While streaming: output and stats of the lanes that changed since ``shown`` (updated)."""
-        up: dict[Any, Any] = {}
-        for j, tr in enumerate(traces[: len(self.ui.lanes)]):
-            sig = lane_signature(tr)
-            if shown.get(j) == sig:
-                continue
-            first = j not in shown
-            shown[j] = sig
-            lane = self.lane_updates(j, tr, metric, live=True)
-            if not first:
-                lane.pop(self.ui.lanes[j].legend)  # the colouring does not change while a lane runs
-            up.update(lane)
-        return up
-
     def legend_updates(self, traces: list[dict[str, Any]], metric: str, shown: dict[int, str]) -> dict[Any, Any]:
-        """While the page reads lane text from the live feed: a lane's legend when its colouring
-        is first known or changes (``shown``: lane -> metric, updated)."""
+        """While a run streams (its lane text comes by the live feed): a lane's legend when its
+        colouring is first known or changes (``shown``: lane -> metric, updated)."""
         up: dict[Any, Any] = {}
         for j, tr in enumerate(traces[: len(self.ui.lanes)]):
             m = st.auto_metric(tr, metric)

@@ -10,9 +10,10 @@ lane's new token HTML (an append when the lane only grew) and its stats line. Th
 patches them into the lane's output and asks again once the browser has drawn them, so the
 page reads as fast as it can draw and never queues frames it cannot draw.
 
-The Run event's frames still carry the status line, legends, the comparison strip and the
-final result; they carry lane text only while nobody polls the feed (a page without the
-script, or one whose script stopped), so the two paths never write the same lane at once.
+This is the only path lane text takes while a run streams. The Run event's frames carry the
+status line, legends and the comparison strip, and its last frame every lane whole: a page
+without the script (or a hidden tab, whose script waits for the next animation frame before
+it asks again) shows the lanes' text at the end, or as soon as it asks again.
 
 The feeds of running comparisons are found by run token in the app's page registry
 (:class:`playground.ui.page_session.PageSessions`), which the page's routes answer from.
@@ -29,9 +30,6 @@ POLL_WAIT_S = 1.0  # a poll answers after this long at most, with nothing new if
 # The first answer of a run waits this long at most for a lane with something to show, so the
 # page's first patch carries tokens (a patch costs the browser a frame) rather than placeholders.
 FIRST_WAIT_S = 0.6
-# A page that polled within this many seconds is following the feed: the Run frames leave its
-# lanes' text alone.
-FOLLOWING_S = 2.0
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 def showable(trace: dict[str, Any]) -> bool:
@@ -68,7 +66,6 @@ class LiveFeed:
         self.seq = 0  # answers given; the page sends back the last one it applied
         self._sent: dict[int, tuple[str, str]] = {}  # lane -> (output, stats) the page shows
         self._sig: dict[int, tuple[Any, ...]] = {}  # lane -> lane_signature of what was sent
-        self.polled_at = 0.0
         self.attached_at = 0.0
 
     def attach(self, runner: Any) -> None:
@@ -83,10 +80,6 @@ class LiveFeed:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
-
-    def following(self, now: float | None = None) -> bool:
-        """Whether the page polled recently (its lanes' text then comes from here)."""
-        return (now if now is not None else time.monotonic()) - self.polled_at < FOLLOWING_S
 
     def poll(self, seq: int, timeout: float = POLL_WAIT_S) -> dict[str, Any]:
         """Answer a page that has applied answer ``seq``: the lanes that changed since, after
@@ -108,7 +101,6 @@ class LiveFeed:
             self._serve.release()
 
     def _poll(self, seq: int, timeout: float) -> dict[str, Any]:
-        self.polled_at = time.monotonic()
         deadline = time.monotonic() + timeout
         with self._cond:
             while self.runner is None and not self.closed:
@@ -153,7 +145,6 @@ class LiveFeed:
                 lanes.append({"lane": j, "op": "replace", "html": html, "stats": stats})
             self._sent[j] = (html, stats)
         self.seq += 1
-        self.polled_at = time.monotonic()
         done = closed or (runner.finished and version == runner.latest()[0])
         return {"seq": self.seq, "lanes": lanes, "done": done}
 

@@ -77,8 +77,9 @@
       live.seen = true;
       live.seq = apply(ans) ? -1 : ans.seq;
       if (ans.done) return;
-      // ask again once this answer is drawn (a hidden tab draws nothing and stops asking: the
-      // Run frames then carry the text), and not more than POLL_HZ times a second
+      // ask again once this answer is drawn, and not more than POLL_HZ times a second (a
+      // hidden tab draws nothing and asks again when it is shown; the run's last frame
+      // carries every lane whole)
       requestAnimationFrame(() => setTimeout(poll, Math.max(0, 1000 / POLL_HZ - (performance.now() - asked))));
     }).catch(() => { if (window.__pgLive === live && ++live.misses < 120) setTimeout(poll, 500); });
   };

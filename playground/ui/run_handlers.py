@@ -8,13 +8,15 @@ The data path reads in one direction: Run → worker → snapshot → live feed 
    :class:`~playground.runner.Runner` (so Stop, a separate unqueued event, reaches it at once, even while lanes are still
    being prepared) and starts its worker thread: each lane is prepared in a thread of its own
    and the worker steps the lanes in lockstep, never waiting for the page.
-3. The page takes the latest published snapshot at most ``STREAM_RATE`` times per second and
-   sends only what changed, to a short list of outputs (:meth:`Layout.run_outputs`): the
-   new tokens of lanes that grew (an append), their stats, the status, and the comparison
-   strip at a modest paced rate. A step the user scrubs to while it streams is drawn from the
-   live snapshot by the inspector's own events. A page whose script reads the run's live feed
-   (:mod:`playground.ui.live_feed`) gets the lane text from there instead. The Done frame (session saved, Run enabled)
-   comes first; :meth:`RunHandlers.on_draw`, chained after the Run event, then draws every plot.
+3. While the lanes decode, the Run event's frames carry the status line (about once a
+   second), each lane's legend once its colouring is known, and the comparison strip at a
+   paced rate, to a short list of outputs (:meth:`Layout.run_outputs`). Lane text and stats
+   take one path only: the page's script reads the run's live feed
+   (:mod:`playground.ui.live_feed`), which answers with the new tokens of the lanes that grew.
+   A step the user scrubs to while it streams is drawn from the live snapshot by the
+   inspector's own events.
+4. The last frame (every lane whole, session saved, Run enabled) ends the run;
+   :meth:`RunHandlers.on_draw`, chained after the Run event, then draws every plot.
 
 Closing the Run generator (the page went away) cancels the runner and waits for its worker
 to end; the worker also ends by itself when nobody reads it any more.
@@ -52,17 +54,13 @@ from playground.ui.updates import pending_header
 
 log = logging.getLogger(__name__)
 
-STREAM_RATE = 12.0  # page frames per second at most while lanes stream (0: every publish)
+STREAM_RATE = 12.0  # snapshots the stream reads per second at most (0: every publish)
 FLOOR_RATE = 2.0  # the worker's own publishing rate; the page's reads ask for the rest
-# Lane HTML the browser re-renders per second at most. Each frame replaces a growing lane's
-# whole output (Gradio sends the append, the browser rebuilds the element), so six long lanes
-# at twelve frames a second kept the browser's main thread busy for tens of seconds and Stop
-# could not even be clicked. Frames are spaced by what they cost the browser instead.
-HTML_BYTES_PER_S = 1_000_000
-# While the page reads lane text from the live feed, the Run frames carry the status line
-# about once a second: each Gradio message costs the browser a walk over every component
-# (~0.1 s on a two-core machine), time the live text and a click on Stop need.
-FOLLOWED_STATUS_S = 1.0
+# The Run frames carry the status line about once a second: each Gradio message costs the
+# browser a walk over every component (~0.1 s on a two-core machine), time the live text and
+# a click on Stop need. Lane text takes the live feed only (one transport: the two paths
+# wrote the same lanes, and a page switching between them redrew every lane whole).
+STATUS_S = 1.0
 JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops within one step)
 # Frames the page may have received but not yet drawn. The browser says which frame it drew
 # (FLOW_JS acknowledges each status line it shows), and the stream waits for it: every frame
@@ -149,7 +147,6 @@ class RunStream:
     flow: Any  # the frame flow, or None
     runner: Any = None
     traces: list[dict[str, Any]] = field(default_factory=list)
-    shown: dict[int, Any] = field(default_factory=dict)  # lane -> what its output shows now
 
 
 class RunHandlers:
@@ -243,14 +240,6 @@ class RunHandlers:
             picked, page.selected = page.selected, None
             self.sessions.end_run(run.token)
         stopped = run.runner is not None and run.runner.cancelled
-        if run.traces and not (run.feed is not None and run.feed.following()):
-            # The lanes' final text and stats at once (Stop visibly took effect); saving and
-            # drawing every plot take longer and follow in the last frame. A page reading the
-            # live feed has the text already, and the last frame follows within tens of ms:
-            # one Gradio message less there is a tenth of a second less before Run is back.
-            yield {**self.inspector.live_updates(run.traces, req.metric, run.shown), **run.busy,
-                   self.ui.status: status_html(f"{'Stopped' if stopped else 'Finishing'} — saving and drawing "
-                                               f"every plot…")}
         sid, saved = self._save(req, run.traces, seed_i, mnt)
         page.draw_pending = False
         yield self._last_frame(req, run, stopped, sid, saved, picked)
@@ -294,11 +283,12 @@ class RunHandlers:
 
     def _stream_frames(self, stream: Iterator[tuple[str, Any]], req: "RunRequest", run: "RunStream",
                        page: PageSession) -> Iterator[dict[Any, Any]]:
-        """The frames while the lanes decode: what changed, the status, the strip at a paced
-        rate; ``run`` keeps the runner and the latest traces."""
+        """The frames while the lanes decode: the status line about once a second, a lane's
+        legend when its colouring is known, the strip at a paced rate; ``run`` keeps the runner
+        and the latest traces. Lane text is never in these frames: the page reads it from the
+        live feed, and the last frame carries every lane whole."""
         pacer = PlotPacer()
-        outputs = {ui.output for ui in self.ui.lanes}
-        legends: dict[int, str] = {}  # lane -> the colouring its legend shows (while the feed is read)
+        legends: dict[int, str] = {}  # lane -> the colouring its legend shows
         warned: set[int] = set()
         last_status = -1.0
         frame = 0  # frames sent by the stream (the status line carries the number)
@@ -318,20 +308,14 @@ class RunHandlers:
             if runner is not None and runner.finished:
                 continue  # the final frame is drawn in full by on_run
             now = time.perf_counter()
-            if run.feed is not None and run.feed.following():
-                # the page reads the lanes' text from the live feed; these frames carry
-                # the rest (status, legends, the strip), a couple of times a second
-                up = self.inspector.legend_updates(traces, req.metric, legends)
-                run.shown.clear()  # should the page stop reading, every lane is sent here whole
-                if not up and now - last_status < FOLLOWED_STATUS_S and not pacer.due("strip", now):
-                    if runner is not None:
-                        # nothing to send for a while: read again when the status is due
-                        # (each read makes the worker publish a snapshot)
-                        runner.join(max(0.0, FOLLOWED_STATUS_S - (now - last_status)))
-                    continue
-            else:
-                up = self.inspector.live_updates(traces, req.metric, run.shown)
-            if now - last_status >= 0.5 or not up or run.flow is not None:
+            up = self.inspector.legend_updates(traces, req.metric, legends)
+            if not up and now - last_status < STATUS_S and not pacer.due("strip", now):
+                if runner is not None:
+                    # nothing to send for a while: read again when the status is due
+                    # (each read makes the worker publish a snapshot)
+                    runner.join(max(0.0, STATUS_S - (now - last_status)))
+                continue
+            if now - last_status >= STATUS_S or run.flow is not None:
                 # with flow control every frame carries the status line: it holds the frame
                 # number the page acknowledges
                 last_status = now
@@ -352,10 +336,6 @@ class RunHandlers:
                 run.flow.wait_drawn(frame - FLOW_WINDOW, FLOW_WAIT_S, lambda: runner.cancelled or runner.finished)
             up.update(run.busy)
             yield up
-            spent = sum(len(v) for c, v in up.items() if c in outputs and isinstance(v, str))
-            rest = spent / HTML_BYTES_PER_S - (time.perf_counter() - now)
-            if rest > 0 and runner is not None:
-                runner.join(rest)  # the worker decodes on meanwhile; Stop or the end cut this short
 
     def _failed_frame(self, req: "RunRequest", run: "RunStream", msg: str) -> dict[Any, Any]:
         """The last frame of a run that could not go on: the message, Run back, the lanes say why."""
