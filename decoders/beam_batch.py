@@ -163,7 +163,10 @@ class BeamGroup:
         fin_scores = top_vals / ((t + 1) ** self.length_penalty)
         for j in range(min(k, keep)):
             if bool(hit[j]) and not blocked:
-                finished.append(Hyp(cands[j], float(fin_scores[j]), self.group))
+                # the summed log-probability travels with the length-normalised score: plots
+                # put every beam on that one scale (with uid_lam it is set below)
+                finished.append(Hyp(cands[j], float(fin_scores[j]), self.group,
+                                    logprob=None if self.uid_lam else float(top_vals[j])))
                 fin_parents.append(beam_of[j])
         if finished:
             merged = self.pool + finished
@@ -285,9 +288,8 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
                         running_ev[-1]["logprob"] = round(float(grp.logp[j]), 5)
             for h, par in zip(fin, fin_par):
                 finished_ev.append({"ids": list(h.ids), "score": round(h.score, 5),
+                                    "logprob": round(float(h.logprob), 5),
                                     "parent": prev_pos.get(base + par), "finished": True, "group": g})
-                if uid_lam:
-                    finished_ev[-1]["logprob"] = round(float(h.logprob), 5)
         extra: dict[str, Any] = {}
         if uid_lam:
             extra["uid"] = uid_evidence(bank[0], uid_lam)

@@ -625,12 +625,14 @@ def test_diffusion_lane_stats_live_and_stopped(mlm_handle):
 
 
 def _beam_trace():
-    # beam search: running beams carry summed log-probs, finished ones logprob / len ** 1.0
+    # beam search: running beams score by summed log-probs, finished ones by logprob / len ** 1.0
+    # (and carry the sum as logprob)
     steps = [
         {"kind": "beam", "committed": [], "beams": [{"ids": [5], "score": -1.0, "parent": None, "finished": False},
                                                      {"ids": [6], "score": -2.0, "parent": None, "finished": False}]},
         {"kind": "beam", "committed": [], "beams": [{"ids": [5, 7], "score": -3.0, "parent": 0, "finished": False},
-                                                     {"ids": [5, 8], "score": -1.25, "parent": 0, "finished": True}]},
+                                                     {"ids": [5, 8], "score": -1.25, "logprob": -2.5, "parent": 0,
+                                                      "finished": True}]},
     ]
     return trace(steps, output_ids=[5, 8], decoder="beam", params={"length_penalty": 1.0})
 
@@ -644,17 +646,18 @@ def test_beam_plots_use_one_score_scale():
     assert "log-prob" in fig.layout.yaxis.title.text
     (nodes,) = by_name(V.beam_tree_figure(tr, 1), "beams")
     assert list(nodes.marker.color) == pytest.approx([-1.0, -2.0, -3.0, -2.5])
-    # other decoders' finished beams already carry their summed log-probability
-    tr["decoder"] = "arithmetic"
-    assert V.beam.beam_logprob(tr, tr["steps"][1]["beams"][1]) == pytest.approx(-1.25)
+    # a beam without logprob scores by its summed log-probability already
+    assert V.beam.beam_logprob(tr, {"ids": [5, 8], "score": -1.25, "finished": True}) == pytest.approx(-1.25)
     assert V.beam.beam_logprob(tr, {"logprob": -7.0, "score": -1.0, "finished": True}) == -7.0
 
 
 @pytest.mark.slow
-def test_real_beam_scores_never_jump_up(llama_handle):
+@pytest.mark.parametrize("decoder,knobs", [("beam", {"num_beams": 3}),
+                                           ("diverse_beam", {"num_beams": 4, "num_beam_groups": 2})])
+def test_real_beam_scores_never_jump_up(llama_handle, decoder, knobs):
     """Extending a hypothesis only adds log-probabilities (<= 0): on one scale, no beam's
     plotted value is above its parent's (a length-normalised score would be)."""
-    tr = run_real(llama_handle, "beam", n=8, num_beams=3, early_stopping="never")
+    tr = run_real(llama_handle, decoder, n=8, early_stopping="never", **knobs)
     steps = [s for s in tr["steps"] if s["kind"] == "beam"]
     finished = 0
     for prev, cur in zip(steps, steps[1:]):

@@ -3,8 +3,9 @@ coloured by its log-probability, with the lineage of the beams alive at the chos
 bold.
 
 Every beam plot uses one scale, the hypothesis's summed log-probability (:func:`beam_logprob`):
-beam search reports its running beams that way but its finished ones by the length-normalised
-score it ranks them with, and plotting both made a curve jump from −58 to −1.5 at the end.
+beam search ranks its finished hypotheses by a length-normalised ``score``, and plotting that
+beside the running beams' sums made a curve jump from −58 to −1.5 at the end, so a beam whose
+score is something else carries its sum as ``logprob``.
 """
 
 from __future__ import annotations
@@ -21,23 +22,15 @@ from visualizers.registry import step_plot
 
 WINDOW = 16  # beam steps shown at once (older ones scroll out): ~17 px a step on a lane card
 LABEL_CHARS = 12  # the last column's labels: each beam's latest text, beside its node
-# Decoders whose finished beams carry logprob / len ** length_penalty as their score.
-NORMALISED_FINISHED = ("beam", "diverse_beam")
 SCALE = "summed log-probability"
 
 
 def beam_logprob(trace: dict[str, Any], beam: dict[str, Any]) -> float | None:
-    """A beam's summed log-probability (``logprob`` if the beam has it, else its ``score``
-    with beam search's length normalisation of finished beams undone)."""
+    """A beam's summed log-probability: ``logprob`` where the beam carries it (a decoder whose
+    ``score`` is something else, such as beam search's length-normalised score of a finished
+    hypothesis, records it), else its ``score``."""
     lp = num(beam.get("logprob"))
-    if lp is not None:
-        return lp
-    score = num(beam.get("score"))
-    if score is None or beam.get("finished") is not True or trace.get("decoder") not in NORMALISED_FINISHED:
-        return score
-    params = trace.get("params") if isinstance(trace.get("params"), dict) else {}
-    alpha = num(params.get("length_penalty"))
-    return score * max(len(ints(beam.get("ids"))), 1) ** (1.0 if alpha is None else alpha)
+    return lp if lp is not None else num(beam.get("score"))
 
 
 def beams_of(step: dict[str, Any]) -> list[dict[str, Any]]:
