@@ -28,7 +28,7 @@ SHOWDOWN = "Speculative showdown"
 # One inspector column per step kind or evidence: name -> (preset title, lane, token clicked).
 # The token picks the step: one past the first few, where the plots have something to show.
 COLUMNS = {
-    "diffusion-canvas": ("Diffusion: several tokens per step", 2, 12),  # fast_dllm: several commits a step
+    "diffusion-canvas": ("Diffusion: tokens per step", 2, 12),  # fast_dllm: several commits a step
     "jacobi": ("Lossless check", 4, 10),
     "constraint": ("Guided decoding", 2, 6),  # the regex lane
     "watermark": ("Guided decoding", 4, 20),

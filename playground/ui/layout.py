@@ -94,7 +94,8 @@ class Layout:
             self.policy = gr.Dropdown(st.POLICY_CHOICES, value="forwards", label="Lockstep: who steps next",
                                       info="What the race equalises: target forwards leave draft forwards and "
                                            "long passes free, cost charges every position a model processes at "
-                                           "its measured speed, wall time is this machine's clock.",
+                                           "its measured speed, wall time is this machine's clock; equal steps gives "
+                                           "each lane one step in turn, free running steps them round robin.",
                                       elem_id="policy", scale=3, min_width=220)
             self.metric = gr.Dropdown(st.METRIC_CHOICES, value="auto", label="Colour tokens by", elem_id="metric",
                                       scale=2, min_width=160)
@@ -264,8 +265,9 @@ def model_choices() -> list[Any]:
     for m in list_models():
         if m["source"] == "bundled" and not m["available"]:
             continue
-        kind = m.get("kind") or "?"
-        out.append((f"{m['name']} ({m['source']}, {kind})", m["name"]))
+        # the name alone for a bundled model (the status line below the box says its kind and
+        # size); a longer label was cut off by the box
+        out.append((m["name"] if m["source"] == "bundled" else f"{m['name']} (cached)", m["name"]))
     if not out:
-        out.append((f"{st.DEFAULT_MODEL} (bundled, causal)", st.DEFAULT_MODEL))
+        out.append((st.DEFAULT_MODEL, st.DEFAULT_MODEL))
     return out

@@ -18,6 +18,7 @@ from typing import Any
 import visualizers
 from decoders import all_decoders
 from decoders.base import get_decoder
+from playground import policies
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.presets import list_presets, load_preset
@@ -31,10 +32,9 @@ NO_DRAFT = "(none)"
 DEFAULT_MODEL = "tiny-shakespeare"
 DEFAULT_DRAFT = "tiny-shakespeare-draft"
 DEFAULT_DIFFUSION = "tiny-shakespeare-diffusion"
-POLICY_CHOICES = [("equal target forwards (drafts, tree width, canvas passes free)", "forwards"),
-                  ("equal cost (every position each model processes is paid for)", "cost"),
-                  ("equal wall time (least time in its own steps goes next)", "wall"),
-                  ("equal steps", "steps"), ("free running (round robin)", "free")]
+# The names alone (the dropdown's info says what each equalises): a label with its explanation
+# was cut off by the box at every page width.
+POLICY_CHOICES = [(policies.LABELS[name], name) for name in policies.NAMES]
 METRIC_CHOICES = [("auto", "auto"), ("probability", "probability"), ("entropy", "entropy"),
                   ("draft acceptance", "acceptance"), ("unmasking / commit step", "unmask_step"),
                   ("watermark green / red", "watermark"), ("none", "none")]
