@@ -30,6 +30,26 @@ RUN_SLOTS = visualizers.MAX_RUN_PLOTS  # most figures run_figures returns for on
 TOKEN_CLICK_JS = page_js("token_click.js")
 
 
+class Scrubber(gr.Slider):
+    """A slider over the steps (or positions) of the run the page shows.
+
+    Its range follows that run, so a value the browser still holds from a longer run can
+    arrive past it (a run with fewer steps, a session opened, a branch): it means the last
+    step, and is taken as that, never refused with Gradio's "Value 31 is greater than
+    maximum value 15".
+    """
+
+    is_template = True  # drawn by Gradio's own slider (the block name is the parent's)
+
+    def preprocess(self, payload: float | None) -> float | None:
+        """The scrubbed value, brought within the present range."""
+        if payload is None:
+            return None
+        lo = self.minimum if self.minimum is not None else payload
+        hi = self.maximum if self.maximum is not None else payload
+        return super().preprocess(min(max(payload, lo), max(hi, lo)))
+
+
 @dataclass
 class LaneUI:
     """The components of one lane (controls, output) and of its inspector column."""
@@ -89,8 +109,11 @@ class Layout:
                 self.preset_info = gr.Markdown("", elem_id="preset-info", elem_classes=["preset-info"])
         with gr.Row(elem_id="run-row", equal_height=True):
             self.seed = gr.Number(0, label="Seed", precision=0, elem_id="seed", min_width=80, scale=1)
-            self.max_new = gr.Number(48, label="Max new tokens", precision=0, minimum=1,
-                                     maximum=lim.max_new_tokens, elem_id="max-new-tokens", min_width=110, scale=1)
+            # No minimum or maximum of Gradio's own: it would answer a value past them with its
+            # raw "Value 5000 is greater than maximum value 1024" error; the Run's check
+            # (rules.check_page) gives the page's one line instead.
+            self.max_new = gr.Number(48, label="Max new tokens", precision=0, elem_id="max-new-tokens",
+                                     min_width=110, scale=1)
             self.policy = gr.Dropdown(st.POLICY_CHOICES, value="forwards", label="Lockstep: who steps next",
                                       info="What the race equalises: target forwards leave draft forwards and "
                                            "long passes free, cost charges every position a model processes at "
@@ -136,10 +159,10 @@ class Layout:
 
         gr.Markdown("## Inspector", elem_classes=["section-title"])
         with gr.Row(elem_id="scrub-row", equal_height=True):
-            self.step = gr.Slider(0, 1, value=0, step=1, label="Step (shared by all lanes — click a token to jump)",
+            self.step = Scrubber(0, 1, value=0, step=1, label="Step (shared by all lanes — click a token to jump)",
                                   elem_id="step", interactive=True, scale=5)
             # Lane alignment and focus: playground/ui/align.py.
-            self.position = gr.Slider(0, 1, value=0, step=1, visible=False, interactive=True, scale=5,
+            self.position = Scrubber(0, 1, value=0, step=1, visible=False, interactive=True, scale=5,
                                       label="Token position (each lane shows the step that produced it)",
                                       elem_id="position")
             self.align = gr.Radio(st.ALIGN_CHOICES, value="step", label="Align lanes", elem_id="align",
@@ -216,6 +239,20 @@ class Layout:
             out += [ui.output, ui.legend, ui.stats, ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots,
                     ui.run_html, *ui.run_plots]
         return out
+
+    def comparison_outputs(self) -> list[Any]:
+        """What speaks for the whole shown comparison: traces, their name, the session id,
+        the share link, the comparison strip, and every lane's inspector column (a lane
+        setup change clears or hides them, :mod:`playground.ui.lane_reset`)."""
+        return [self.traces, self.shown, self.sid, self.share_link, self.progress_plot, self.divergence,
+                *self.compare_plots, *[ui.insp_column for ui in self.lanes]]
+
+    def lane_reset_outputs(self, j: int) -> list[Any]:
+        """What clearing lane ``j`` (0-based) writes: its card's output, stats and legend, its
+        inspector column's header and slots, and :meth:`comparison_outputs`."""
+        ui = self.lanes[j]
+        return self.comparison_outputs() + [ui.output, ui.stats, ui.legend, ui.insp_header, ui.step_html,
+                                            *ui.step_plots, ui.run_html, *ui.run_plots]
 
     def run_outputs(self) -> list[Any]:
         """What the Run stream writes: status, state, scrubber, comparison strip, each lane's
