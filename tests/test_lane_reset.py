@@ -182,3 +182,24 @@ def test_the_scrubber_takes_a_value_past_its_range_as_its_end():
     s = Scrubber(0, 15, value=0, step=1)
     assert s.preprocess(31) == 15 and s.preprocess(-3) == 0 and s.preprocess(7) == 7
     assert s.get_block_name() == "slider"  # drawn by Gradio's own slider
+
+
+def test_the_watermark_lane_picker_offers_the_lanes_the_comparison_has(demo, ran):
+    from playground.ui.watermark_view import lane_choices
+
+    traces = ran[demo.compare_page.traces]
+    assert [k for _l, k in lane_choices(traces)] == [1, 2, 3]
+    assert lane_choices(traces)[1][0] == "lane 2 · top_p"
+    assert [k for _l, k in lane_choices([traces[0], cleared_trace("beam"), traces[2]])] == [1, 3]
+    assert lane_choices([]) == [("lane 1", 1)]
+    up = demo.watermark_view.on_lanes(traces[:2], 3)
+    assert up["value"] == 1 and len(up["choices"]) == 2  # a lane no longer shown is not kept
+
+
+def test_the_watermark_tab_asks_for_text_without_naming_a_cli_flag():
+    from playground.core.errors import PlaygroundError
+    from playground.ui.watermark_view import detect
+
+    with pytest.raises(PlaygroundError) as e:
+        detect("tiny-shakespeare", "", "", 0.25, "lefthash", "15485863", 1)
+    assert "--" not in str(e.value) and "paste the text" in str(e.value)
