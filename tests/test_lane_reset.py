@@ -13,7 +13,7 @@ import pytest
 
 from playground.ui import rules as st
 from playground.ui.lane_reset import cleared_trace, reset_lanes
-from playground.ui.layout import Scrubber
+from playground.ui.scrubber import Scrubber
 from playground.ui.updates import is_cleared
 
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)

@@ -22,32 +22,13 @@ from playground.ui.html import empty_output, status_html
 from playground.ui.model_options import build_controls as build_model_options
 from playground.ui.model_options import option_outputs
 from playground.ui.page_js import page_js
+from playground.ui.scrubber import Scrubber
 
 STEP_SLOTS = visualizers.MAX_STEP_PLOTS  # most figures step_figures returns for one step kind
 RUN_SLOTS = visualizers.MAX_RUN_PLOTS  # most figures run_figures returns for one trace
 
 # Clicking a token jumps the inspector to its step; the output box follows the newest token.
 TOKEN_CLICK_JS = page_js("token_click.js")
-
-
-class Scrubber(gr.Slider):
-    """A slider over the steps (or positions) of the run the page shows.
-
-    Its range follows that run, so a value the browser still holds from a longer run can
-    arrive past it (a run with fewer steps, a session opened, a branch): it means the last
-    step, and is taken as that, never refused with Gradio's "Value 31 is greater than
-    maximum value 15".
-    """
-
-    is_template = True  # drawn by Gradio's own slider (the block name is the parent's)
-
-    def preprocess(self, payload: float | None) -> float | None:
-        """The scrubbed value, brought within the present range."""
-        if payload is None:
-            return None
-        lo = self.minimum if self.minimum is not None else payload
-        hi = self.maximum if self.maximum is not None else payload
-        return super().preprocess(min(max(payload, lo), max(hi, lo)))
 
 
 @dataclass
