@@ -12,6 +12,9 @@ explicitly. The UI modules, one job each:
 - :mod:`playground.ui.layout` creates the components and names their groups;
 - :mod:`playground.ui.lane_config` sets the lanes up (presets, decoders, knobs, lane count,
   model status, the default page, opening a stored session);
+- :mod:`playground.ui.lane_reset` clears a lane whose setup changed (card, inspector column,
+  its trace);
+- :mod:`playground.ui.scrubber` the step and position sliders (a stale value is their end);
 - :mod:`playground.ui.run_handlers` runs a comparison (Run, Stop, Share);
 - :mod:`playground.ui.inspector` shows traces (lane outputs, stats, the step inspector), from
   the pure update builders of :mod:`playground.ui.updates`;

@@ -19,10 +19,11 @@ import playground.ui.rules as st
 from playground.ui.align import at_position
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, error_html, stats_html
+from playground.ui.lane_reset import press_run_column, press_run_lane
 from playground.ui.layout import Layout
 from playground.ui.page_js import page_js
 from playground.ui.page_session import PageSessions, session_key
-from playground.ui.updates import compare_updates, insp_header, slot_updates
+from playground.ui.updates import compare_updates, insp_header, is_cleared, slot_updates
 
 PLOT_EVERY_S = 1.0  # plot refresh period while streaming (text streams at the runner's rate)
 
@@ -94,6 +95,8 @@ class InspectorHandlers:
     def lane_updates(self, j: int, trace: dict[str, Any], metric: str, live: bool = False) -> dict[Any, Any]:
         """Output, legend and stats of lane ``j`` (0-based); ``live`` while streaming."""
         ui = self.ui.lanes[j]
+        if is_cleared(trace):  # set up anew since its run: nothing of that run is shown
+            return press_run_lane(ui)
         m = st.auto_metric(trace, metric)
         if trace.get("preparing"):
             return {ui.output: empty_output(ui.k, "Preparing (loading models if needed)…"),
@@ -133,6 +136,9 @@ class InspectorHandlers:
                 continue
             tr = traces[j]
             up[ui.insp_column] = gr.update(visible=True)
+            if is_cleared(tr):
+                up.update(press_run_column(ui, tr.get("decoder") or "", run=run_plots))
+                continue
             up[ui.insp_header] = insp_header(ui.k, tr, min(s, max(counts[j] - 1, 0)), counts[j])
             up.update(slot_updates(ui.step_html, ui.step_plots, visualizers.step_figures(tr, s)))
             if run_plots:

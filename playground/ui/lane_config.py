@@ -23,7 +23,9 @@ from playground.core.settings import limits
 from playground.hosting import model_event_settings
 from playground.store import default_store
 from playground.ui.html import empty_output, error_html, human, md_text, stats_html, status_html
+from playground.ui.events import nothing_is_skip
 from playground.ui.inspector import InspectorHandlers
+from playground.ui.lane_reset import reset_all, reset_lanes
 from playground.ui.layout import LaneUI, Layout
 from playground.ui.page_js import page_js
 
@@ -60,19 +62,27 @@ class LaneHandlers:
                     comp = _WIDGETS[w.widget](**kwargs, elem_id=f"lane-{k}-knob-{name}",
                                               key=f"lane-{k}-{decoder}-{name}", interactive=True)
                     # .input (user edits only): a freshly rendered control reports nothing, so
-                    # a re-render never races its predecessor's events.
-                    comp.input(partial(_set_knob, name, p), inputs=[comp, ui.knobs, ui.decoder],
-                               outputs=[ui.knobs, ui.info, comp], show_progress="hidden",
-                               trigger_mode="always_last")
+                    # a re-render never races its predecessor's events. One event holds the
+                    # value and clears the lane's run (its setup changed).
+                    comp.input(partial(self.on_knob, k - 1, comp, name, p),
+                               inputs=[comp, ui.knobs, ui.decoder, self.ui.traces, self.ui.lane_count],
+                               outputs=[ui.knobs, ui.info, comp, self.ui.status] + self.ui.lane_reset_outputs(k - 1),
+                               show_progress="hidden", trigger_mode="always_last")
 
     # ================================================================== events
     def wire_config(self, demo: gr.Blocks) -> None:
         """Attach the configuration events (preset, model, lane count, decoder picks)."""
-        self.ui.preset.input(self.on_preset, [self.ui.preset], self.ui.lane_config_outputs() + [self.ui.status])
+        # one event sets every lane up and clears every lane's run
+        self.ui.preset.input(self.on_preset, [self.ui.preset], self.ui.lane_config_outputs() + self.ui.result_outputs())
         # Model work shares one concurrency group (loading a model races nothing else).
         model_in, model_out = self.model_io()
         self.ui.model.change(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
         self.ui.model_path.submit(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
+        # A model the user picks clears every lane's run (.input: a preset or an opened
+        # session sets the model too, and shows runs of its own).
+        clear_in, clear_out = [self.ui.traces, self.ui.lane_count], self.ui.result_outputs()
+        self.ui.model.input(nothing_is_skip(self.on_model_picked), clear_in, clear_out, show_progress="hidden")
+        self.ui.model_path.submit(nothing_is_skip(self.on_model_picked), clear_in, clear_out, show_progress="hidden")
         mo.wire(self.ui)
         if self.ui.trust_remote_code is not None:
             # Ticking the opt-in loads the model it was refused for (and unticking says why not).
@@ -82,12 +92,21 @@ class LaneHandlers:
         count_outputs = [self.ui.lane_count, self.ui.add_btn, self.ui.remove_btn, self.ui.status] + [u.column for u in self.ui.lanes]
         # Queued (not queue=False): only a queued event's reply carries the changed states, so
         # only then does a nonce bump reach the knob render.
-        self.ui.add_btn.click(self.on_add, [self.ui.lane_count, self.ui.model, self.ui.model_path],
-                           count_outputs + lane_setup, show_progress="hidden")
-        self.ui.remove_btn.click(self.on_remove, [self.ui.lane_count], count_outputs, show_progress="hidden")
-        for ui in self.ui.lanes:
-            ui.decoder.input(self.on_decoder, [ui.decoder, self.ui.model, ui.model, ui.draft],
-                             [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model], show_progress="hidden")
+        # + Lane clears the lane it brings back (it may still show an older run), − Lane
+        # drops the hidden lane's run from the traces and the inspector.
+        self.ui.add_btn.click(self.on_add, [self.ui.lane_count, self.ui.model, self.ui.model_path, self.ui.traces],
+                           _unique(count_outputs + lane_setup + self.ui.result_outputs()), show_progress="hidden")
+        self.ui.remove_btn.click(self.on_remove, [self.ui.lane_count, self.ui.traces],
+                              count_outputs + self.ui.comparison_outputs(), show_progress="hidden")
+        for j, ui in enumerate(self.ui.lanes):
+            setup_out = [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model]
+            ui.decoder.input(partial(self.on_lane_decoder, j), [ui.decoder, self.ui.model, ui.model, ui.draft,
+                                                                 self.ui.traces, self.ui.lane_count],
+                             setup_out + [self.ui.status] + self.ui.lane_reset_outputs(j), show_progress="hidden")
+            # the lane's own model or draft: the same setup change
+            for comp in (ui.model, ui.draft):
+                comp.input(partial(self.on_lane_setup, j), [ui.decoder, self.ui.traces, self.ui.lane_count],
+                           [self.ui.status] + self.ui.lane_reset_outputs(j), show_progress="hidden")
         budget_inputs = [self.ui.model, self.ui.model_path, self.ui.prompt, self.ui.max_new]
         self.ui.prompt.change(self.on_budget, budget_inputs, [self.ui.max_new], show_progress="hidden",
                            trigger_mode="always_last")
@@ -172,7 +191,50 @@ class LaneHandlers:
         if missing:
             msg += f" (decoders not available here: {', '.join(missing)})"
         up[self.ui.status] = status_html(msg)
+        lanes = page["lanes"][: self.ui.max_lanes]
+        up.update(reset_all(self.ui, max(len(lanes), 1), [c.decoder for c in lanes]))
         return up
+
+    def on_model_picked(self, traces: list[dict[str, Any]] | None, n: Any) -> dict[Any, Any]:
+        """The user picked another page model: every lane's run is cleared (nothing to do
+        when the page shows none)."""
+        if not traces:
+            return {}
+        up = reset_all(self.ui, int(n or 0) or len(traces))
+        up[self.ui.status] = status_html("The model changed: press Run to race the lanes on it.")
+        return up
+
+    def lane_changed(self, j: int, decoder: str, traces: list[dict[str, Any]] | None, n: Any,
+                     what: str = "") -> dict[Any, Any]:
+        """Lane ``j`` (0-based) was set up anew (to run ``decoder``; ``what`` changed): it is
+        cleared to its "Press Run" state (:func:`lane_reset.reset_lanes`), and the status
+        line says so in place of whatever it said about the page before."""
+        up = reset_lanes(self.ui, traces, {j: decoder or ""}, max(int(n or 0), j + 1))
+        change = f" ({what})" if what else ""
+        up[self.ui.status] = status_html(f"Lane {j + 1} changed{change}: press Run to race the lanes.")
+        return up
+
+    def on_lane_decoder(self, j: int, decoder: str, page_model: str, lane_model: str, draft: str | None,
+                        traces: list[dict[str, Any]] | None, n: Any) -> dict[Any, Any]:
+        """Lane ``j``'s decoder was picked: its setup (:meth:`on_decoder`) and the lane cleared."""
+        ui = self.ui.lanes[j]
+        setup = self.on_decoder(decoder, page_model, lane_model, draft)
+        return {**dict(zip([ui.knobs, ui.nonce, ui.draft, ui.info, ui.model], setup)),
+                **self.lane_changed(j, decoder, traces, n, f"decoder {decoder}")}
+
+    def on_lane_setup(self, j: int, decoder: str, traces: list[dict[str, Any]] | None, n: Any) -> dict[Any, Any]:
+        """Lane ``j``'s own model or draft changed: the lane is cleared."""
+        return self.lane_changed(j, decoder, traces, n, "its model")
+
+    def on_knob(self, j: int, comp: Any, name: str, spec: dict[str, Any], value: Any,
+                knobs: dict[str, Any] | None, decoder: str, traces: list[dict[str, Any]] | None,
+                n: Any) -> dict[Any, Any]:
+        """A knob control ``comp`` of lane ``j`` was edited: the value held as typed
+        (:func:`_set_knob`) and the lane cleared."""
+        ui = self.ui.lanes[j]
+        new, info, control = _set_knob(name, spec, value, knobs, decoder)
+        return {ui.knobs: new, ui.info: info, comp: control,
+                **self.lane_changed(j, decoder, traces, n, f"{name} = {value}")}
 
     def on_model(self, model: str, path: str, prompt: str = "", max_new: Any = None,
                  trust_remote_code: bool = False) -> dict[Any, Any]:
@@ -218,9 +280,10 @@ class LaneHandlers:
             pass  # not a number: the Run check says so
         return {self.ui.max_new: gr.update(info=note)}
 
-    def on_add(self, n: int, model: str = "", path: str = "") -> dict[Any, Any]:
-        """Show one more lane, set up with a decoder the page's model can run; at the limit,
-        say so."""
+    def on_add(self, n: int, model: str = "", path: str = "",
+               traces: list[dict[str, Any]] | None = None) -> dict[Any, Any]:
+        """Show one more lane, set up with a decoder the page's model can run and cleared (a
+        lane shown again may still hold an older run); at the limit, say so."""
         n0 = int(n or 0)
         n, note = st.add_lane(n0, self.ui.max_lanes)
         up: dict[Any, Any] = {self.ui.lane_count: n, **self.count_buttons(n)}
@@ -236,12 +299,14 @@ class LaneHandlers:
                    ui.info: st.decoder_info_md(cfg.decoder, cfg.params), ui.model: st.SAME_MODEL,
                    ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
                    self.ui.status: status_html(f"Lane {n} added ({cfg.decoder})." + _limit_note(n, self.ui.max_lanes))})
+        up.update(reset_lanes(self.ui, traces, {n - 1: cfg.decoder}, n))
         return up
 
-    def on_remove(self, n: int) -> dict[Any, Any]:
-        """Hide the last lane; at the limit (two lanes), say so."""
+    def on_remove(self, n: int, traces: list[dict[str, Any]] | None = None) -> dict[Any, Any]:
+        """Hide the last lane, and its run from the traces and the inspector; at the limit
+        (two lanes), say so."""
         n, note = st.remove_lane(int(n or 0))
-        up: dict[Any, Any] = {self.ui.lane_count: n, **self.count_buttons(n)}
+        up: dict[Any, Any] = {self.ui.lane_count: n, **self.count_buttons(n), **reset_lanes(self.ui, traces, {}, n)}
         up.update({ui.column: gr.update(visible=j < n) for j, ui in enumerate(self.ui.lanes)})
         if note:
             gr.Info(note)
@@ -318,6 +383,11 @@ def _set_knob(name: str, spec: dict[str, Any], value: Any, knobs: dict[str, Any]
     new = {**(knobs or {}), name: value}
     err = st.knob_error(decoder, name, value) if st.decoder_spec(decoder) else None
     return new, st.decoder_info_md(decoder, new), gr.update(info=st.knob_info(spec, err) or None)
+
+
+def _unique(comps: list[Any]) -> list[Any]:
+    """``comps`` without repeats, in order (an event lists each output once)."""
+    return list({id(c): c for c in comps}.values())
 
 
 def _limit_note(n: int, max_lanes: int) -> str:

@@ -22,6 +22,7 @@ from playground.ui.html import empty_output, status_html
 from playground.ui.model_options import build_controls as build_model_options
 from playground.ui.model_options import option_outputs
 from playground.ui.page_js import page_js
+from playground.ui.scrubber import Scrubber
 
 STEP_SLOTS = visualizers.MAX_STEP_PLOTS  # most figures step_figures returns for one step kind
 RUN_SLOTS = visualizers.MAX_RUN_PLOTS  # most figures run_figures returns for one trace
@@ -89,8 +90,11 @@ class Layout:
                 self.preset_info = gr.Markdown("", elem_id="preset-info", elem_classes=["preset-info"])
         with gr.Row(elem_id="run-row", equal_height=True):
             self.seed = gr.Number(0, label="Seed", precision=0, elem_id="seed", min_width=80, scale=1)
-            self.max_new = gr.Number(48, label="Max new tokens", precision=0, minimum=1,
-                                     maximum=lim.max_new_tokens, elem_id="max-new-tokens", min_width=110, scale=1)
+            # No minimum or maximum of Gradio's own: it would answer a value past them with its
+            # raw "Value 5000 is greater than maximum value 1024" error; the Run's check
+            # (rules.check_page) gives the page's one line instead.
+            self.max_new = gr.Number(48, label="Max new tokens", precision=0, elem_id="max-new-tokens",
+                                     min_width=110, scale=1)
             self.policy = gr.Dropdown(st.POLICY_CHOICES, value="forwards", label="Lockstep: who steps next",
                                       info="What the race equalises: target forwards leave draft forwards and "
                                            "long passes free, cost charges every position a model processes at "
@@ -137,10 +141,10 @@ class Layout:
 
         gr.Markdown("## Inspector", elem_classes=["section-title"])
         with gr.Row(elem_id="scrub-row", equal_height=True):
-            self.step = gr.Slider(0, 1, value=0, step=1, label="Step (shared by all lanes — click a token to jump)",
+            self.step = Scrubber(0, 1, value=0, step=1, label="Step (shared by all lanes — click a token to jump)",
                                   elem_id="step", interactive=True, scale=5)
             # Lane alignment and focus: playground/ui/align.py.
-            self.position = gr.Slider(0, 1, value=0, step=1, visible=False, interactive=True, scale=5,
+            self.position = Scrubber(0, 1, value=0, step=1, visible=False, interactive=True, scale=5,
                                       label="Token position (each lane shows the step that produced it)",
                                       elem_id="position")
             self.align = gr.Radio(st.ALIGN_CHOICES, value="step", label="Align lanes", elem_id="align",
@@ -217,6 +221,20 @@ class Layout:
             out += [ui.output, ui.legend, ui.stats, ui.insp_column, ui.insp_header, ui.step_html, *ui.step_plots,
                     ui.run_html, *ui.run_plots]
         return out
+
+    def comparison_outputs(self) -> list[Any]:
+        """What speaks for the whole shown comparison: traces, their name, the session id,
+        the share link, the comparison strip, and every lane's inspector column (a lane
+        setup change clears or hides them, :mod:`playground.ui.lane_reset`)."""
+        return [self.traces, self.shown, self.sid, self.share_link, self.progress_plot, self.divergence,
+                *self.compare_plots, *[ui.insp_column for ui in self.lanes]]
+
+    def lane_reset_outputs(self, j: int) -> list[Any]:
+        """What clearing lane ``j`` (0-based) writes: its card's output, stats and legend, its
+        inspector column's header and slots, and :meth:`comparison_outputs`."""
+        ui = self.lanes[j]
+        return self.comparison_outputs() + [ui.output, ui.stats, ui.legend, ui.insp_header, ui.step_html,
+                                            *ui.step_plots, ui.run_html, *ui.run_plots]
 
     def run_outputs(self) -> list[Any]:
         """What the Run stream writes: status, state, scrubber, comparison strip, each lane's

@@ -43,8 +43,26 @@ def pending_header(k: int, decoder: str) -> str:
             f'</span></div>')
 
 
+CLEARED = "cleared"  # key of the empty trace that stands for a lane set up anew since its run
+
+
+def is_cleared(trace: Any) -> bool:
+    """Whether ``trace`` stands for a lane changed since its run (nothing of that run is shown;
+    ``lane_reset`` makes them)."""
+    return isinstance(trace, dict) and bool(trace.get(CLEARED))
+
+
+def cleared_header(k: int, decoder: str = "") -> str:
+    """Lane ``k``'s inspector header while it has not run under its present setup."""
+    dec = f" · {esc(decoder)}" if decoder else ""
+    return (f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k}{dec}'
+            f'<span class="insp-where">press Run</span></div>')
+
+
 def insp_header(k: int, trace: dict[str, Any], step: int, count: int) -> str:
     """The header of lane ``k``'s inspector column: decoder, step and step kind."""
+    if is_cleared(trace):
+        return cleared_header(k, trace.get("decoder") or "")
     dec = esc(trace.get("decoder") or "?")
     where = f"step {step} of {count - 1}" if count else "no steps"
     kind = ""

@@ -23,6 +23,7 @@ from playground.hosting import model_event_settings
 from playground.ui.compare import ComparePage
 from playground.ui.html import status_html
 from playground.ui.layout import model_choices
+from playground.ui.updates import is_cleared
 from playground.watermark_cli import summary
 from visualizers.watermark import watermark_tokens_html, watermark_z_figure
 
@@ -83,6 +84,15 @@ def detect(model: str, text: str, prompt: str, gamma: Any, seeding: Any, key: An
     return detect_text(model, text or "", prompt=prompt or "", **settings)
 
 
+def lane_choices(traces: list[Any] | None) -> list[tuple[str, int]]:
+    """The lane picker's choices: each lane of ``traces`` that ran under its present setup
+    (numbered from 1 with its decoder), or lane 1 alone when there are none (*From lane* then
+    says to run a comparison first)."""
+    out = [(f"lane {j + 1} · {t.get('decoder') or '?'}", j + 1) for j, t in enumerate(traces or [])
+           if isinstance(t, dict) and not is_cleared(t)]
+    return out or [("lane 1", 1)]
+
+
 class WatermarkView:
     """Builds the Watermark tab; ``page`` is the Compare page (its lanes prefill the text)."""
 
@@ -96,8 +106,8 @@ class WatermarkView:
                     "2023, transformers-compatible). Use the settings the text was written with; text written "
                     "without the key scores z near 0.", elem_classes=["lane-info"])
         with gr.Row(equal_height=True):
-            self.lane = gr.Dropdown([(f"lane {k}", k) for k in range(1, self.page.max_lanes + 1)], value=1,
-                                    label="Compare lane", elem_id="wm-lane", scale=1)
+            # the lanes the shown comparison has (none before a run): see lane_choices
+            self.lane = gr.Dropdown(lane_choices([]), value=1, label="Compare lane", elem_id="wm-lane", scale=1)
             self.from_lane = gr.Button("Use this lane's output", elem_id="wm-from-lane", scale=1)
             self.model = gr.Dropdown(model_choices(), value=st.DEFAULT_MODEL, label="Model (its tokenizer)",
                                      allow_custom_value=True, elem_id="wm-model", scale=2)
@@ -123,6 +133,8 @@ class WatermarkView:
     def wire(self, demo: gr.Blocks) -> None:
         """Attach the events, hidden from the public API; Detect loads a tokenizer, so it takes
         its place in the model-work concurrency group."""
+        # a finished run, an opened session or a lane setup change replaces the shown traces
+        self.page.shown.change(self.on_lanes, [self.page.traces, self.lane], [self.lane], show_progress="hidden")
         self.from_lane.click(self.on_from_lane, [self.page.traces, self.lane],
                              [self.text, self.prompt, self.model, self.gamma, self.seeding, self.key,
                               self.width, self.status, self.lane_state])
@@ -144,6 +156,13 @@ class WatermarkView:
         trace = detection_trace(res)
         kind = "ok" if res["prediction"] else "info"
         return [status_html(summary(res), kind), watermark_tokens_html(trace, None), watermark_z_figure(trace)]
+
+    def on_lanes(self, traces: list[Any] | None, lane: Any) -> Any:
+        """The lane picker offers the lanes of the comparison now shown (the pick kept if it
+        still is one)."""
+        choices = lane_choices(traces)
+        keys = [k for _label, k in choices]
+        return gr.update(choices=choices, value=lane if lane in keys else keys[0])
 
     def on_from_lane(self, traces: list[Any] | None, lane: Any) -> list[Any]:
         """Fill the text (and prompt, model, and a watermark lane's settings) from a Compare lane."""
