@@ -82,6 +82,7 @@ def text_of(dllm, ids: list[int]) -> str:
 def test_every_output_matches_its_regex_and_commits_never_move(dllm, regex, n, knobs):
     trace = run(dllm, n=n, regex=regex, **knobs)
     assert re.fullmatch(regex, text_of(dllm, trace.output_ids)), text_of(dllm, trace.output_ids)
+    assert trace.stats["regex_match"] is True
     final = trace.steps[-1].evidence["canvas"]
     assert re.fullmatch(regex, text_of(dllm, final))
     seen: dict[int, int] = {}
@@ -121,7 +122,8 @@ def test_the_constraint_changes_what_the_model_would_write(dllm):
 
 
 @pytest.mark.parametrize("regex,msg", [("", "needs a regex"), ("(a", "cannot compile"),
-                                       (r"(a)\1", "cannot compile"), ("[0-9]{200}", "no canvas of 8 tokens")])
+                                       (r"(a)\1", "cannot compile"), ("[0-9]{200}", "no canvas of 8 tokens"),
+                                       ("a" * 501, "at most 500"), ("[ab]*a[ab]{9}", "1024 automaton states")])
 def test_bad_regexes_are_one_line_errors(dllm, regex, msg):
     with pytest.raises(PlaygroundError, match=re.escape(msg)) as e:
         run(dllm, n=8, regex=regex)

@@ -11,6 +11,7 @@ the DP steps by whole tokens.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -26,6 +27,9 @@ from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
 
 NEG = float("-inf")
+# The DP costs states x vocabulary per position: a regex whose DFA has more states is refused
+MAX_STATES = 512
+MAX_REGEX = 500
 
 
 @dataclass
@@ -50,12 +54,18 @@ def compile_regex(regex: str) -> Any:
     """The minimal character DFA of ``regex`` (interegular), or a one-line PlaygroundError."""
     if not regex:
         raise PlaygroundError("dingo needs a regex (the pattern the whole output must match)")
+    if len(regex) > MAX_REGEX:
+        raise PlaygroundError(f"dingo's regex is {len(regex)} characters long; at most {MAX_REGEX}")
     try:
-        return interegular.parse_pattern(regex).to_fsm().reduce()
+        fsm = interegular.parse_pattern(regex).to_fsm().reduce()
     except Exception as e:  # noqa: BLE001 - interegular's syntax errors carry no common type
         why = " ".join(str(e).split()) or type(e).__name__
         raise PlaygroundError(f"dingo cannot compile regex {regex!r} (Python regex syntax, no "
                               f"back-references): {why}") from None
+    if len(fsm.states) > MAX_STATES:
+        raise PlaygroundError(f"regex {regex!r} compiles to {len(fsm.states)} automaton states; dingo takes "
+                              f"at most {MAX_STATES}")
+    return fsm
 
 
 def token_automaton(fsm: Any, texts: Sequence[str | None], stop_ids: set[int]) -> TokenAutomaton:
@@ -168,8 +178,10 @@ class Dingo(DiffusionDecoder):
     left masked for later steps); here the DP always spans the whole canvas with every
     position filled, and only the commit schedule leaves positions masked — the guarantee
     (a regex-valid output) is the same. The regex is Python syntax as ``interegular`` reads
-    it (no back-references); tokens that are not whole characters on their own
-    are never used; there is no temperature (the DP returns the most probable string).
+    it (no back-references), of at most 512 automaton states; the generated text is read as
+    the concatenation of its tokens' texts (true of byte-level BPE: the bundled tokenizer,
+    LLaDA's, Dream's; the trace's ``regex_match`` stat checks the decoded output with Python's
+    ``re``); tokens that are not whole characters on their own are never used; there is no temperature (the DP returns the most probable string).
     Evidence: the DP lattice (best log-probability per position × state), the best path's
     states, the constrained and the unconstrained (per-position argmax) proposal and their
     log-probabilities. Views: *DP lattice* (position × automaton state, the best path drawn)
@@ -246,3 +258,6 @@ class Dingo(DiffusionDecoder):
                 step += 1
         finish(self, ctx, lay, x[p0:].tolist(), commit_step, per_step, regex=p["regex"],
                automaton_states=auto.n_states)
+        kept = [t for t in self.output_override or [] if t not in stops]
+        text = view.tokenizer.decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        self.extra_stats["regex_match"] = re.fullmatch(p["regex"], text) is not None
