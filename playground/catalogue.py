@@ -183,6 +183,12 @@ def _split_knobs(params: dict[str, dict[str, Any]], groups: list) -> tuple[dict[
     return own, lines
 
 
+def _has_constraint_stage(spec: dict[str, Any]) -> bool:
+    """Whether a decoder runs the constraint stage: its three grammar knobs come together (dingo's
+    own ``regex`` knob alone is not the stage)."""
+    return all(k in spec["params"] for k in ("regex", "json_schema", "grammar"))
+
+
 def _plots_line(step_kind: str) -> str:
     """The page's plots every step of this kind gets, from the visualizer registry (plots that
     need an evidence field are implied by the "steps" line, which names the fields)."""
@@ -249,7 +255,7 @@ def render() -> str:
             kind = f"- model: `{c.kind}`" + (" — needs a draft model" if c.needs_draft else "") \
                 + (" — lossless (output distribution equals the target's)" if c.lossless else "")
             shows = f"- steps: `{c.step_kind}` — {_shows(c.step_kind)}{family_of(c.family).shows}" \
-                + (CONSTRAINT_SHOWS if "regex" in spec["params"] else "") + c.shows
+                + (CONSTRAINT_SHOWS if _has_constraint_stage(spec) else "") + c.shows
             out += [f"### {c.name}", "", f"*{scrub(spec['description'])}*", "",
                     f"- papers: {papers_markdown(c.name, c.reference)}", kind, shows]
             plots = _plots_line(c.step_kind)

@@ -239,10 +239,12 @@ def test_every_causal_decoder_on_every_architecture(models, arch, decoder):
 
 # ---------------------------------------------------------------------- masked LMs
 @pytest.mark.parametrize("arch", MASKED)
-def test_diffusion_decoders_fill_the_canvas_on_masked_lms(tokenizer, arch):
+def test_diffusion_decoders_fill_the_canvas_on_masked_lms(models, tokenizer, arch):
     target = handle_from_model(build_masked(arch, tokenizer), tokenizer, name=f"tiny-{arch}")
+    helper = models("llama")[1]  # a small causal helper for the diffusion decoders that take one (apd)
     for cls in [c for c in all_decoders() if c.kind == "diffusion"]:
-        trace = prepare(model=target, decoder=cls.name, prompt="ROMEO: But soft", max_new_tokens=8).finish()
+        trace = prepare(model=target, decoder=cls.name, prompt="ROMEO: But soft", max_new_tokens=8,
+                        draft=helper if cls.needs_draft else None).finish()
         assert len(trace.output_ids) == 8, cls.name
         assert tokenizer.mask_token_id not in trace.output_ids, f"{cls.name} on {arch} left masks"
 

@@ -94,6 +94,20 @@ CLAIMS: dict[str, dict[str, Any]] = {
             lambda L: _committed_last(L[2]).count(",") > len(_committed_last(L[2])) / 2,  # mostly commas
         ],
     },
+    "diffusion-helper-and-regex": {
+        "settings": {"32", "16", "0.5", "1", "8"},  # tokens, steps, look-ahead, mixture weights, window
+        "figures": {
+            "21": lambda L: st(L[1], "target_forwards") == st(L[1], "helper_forwards") == 21,
+            "4": lambda L: max(commits(L[1])) == 4 and commits(L[2]) == [8] * 4,
+        },
+        "checks": [
+            lambda L: commits(L[0]) == [1] * 32,
+            lambda L: sum(L[2]["text"].count(c) for c in ",\n") > len(L[2]["text"].replace(" ", "")) / 2,
+            lambda L: L[1]["text"].count(",") < len(L[1]["text"]) / 8,  # verse, not commas
+            lambda L: re.fullmatch(r"Romeo(, [a-z]+)+[.!?]", L[3]["text"]) is not None,
+            lambda L: L[3]["text"].startswith("Romeo, fie, fie,") and L[3]["text"].endswith("ho, ho!"),
+        ],
+    },
     "diffusion-remasking": {
         "settings": {"0.3", "1", "2"},  # Fast-dLLM's threshold; top-1/top-2
         "figures": {

@@ -4,8 +4,10 @@ Each plan writes its own evidence field on its ``denoise`` steps and gets one st
 one whole-run plot here: ``ete`` (explore vs exploit, bits per round, cascades), ``r2``
 (which rule committed, windows, stability counters), ``leap`` (anchors and their zones),
 ``adablock`` (look-ahead window, delimiter candidates, the block that moves) and
-``schedule`` (ASS: the ascending step sizes beside the even ones). Positions are relative
-to the generated part, as on the canvas.
+``schedule`` (ASS: the ascending step sizes beside the even ones) and ``apd`` (the small
+causal helper's and the dLLM's probability of each proposal, the accepted prefix) and
+``dingo`` (the DP lattice over positions × automaton states and its best path). Positions
+are relative to the generated part, as on the canvas.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from visualizers._common import (
-    ACCEPTED, CHOSEN, CORRECTION, ENTROPY, FINAL, INK, MASK, at, base_layout, empty_figure, fmt, ints, num,
+    ACCEPTED, CHOSEN, CORRECTION, ENTROPY, FINAL, INK, MASK, REJECTED, at, base_layout, empty_figure, fmt, ints, num,
     pick_step, plot_text, token_text, visible, wrong_kind,
 )
 from visualizers.canvas import canvas_of, denoise_steps, unmasked_of
@@ -375,5 +377,146 @@ def schedule_run_figure(trace: dict[str, Any]) -> go.Figure:
                        xaxis_title="step", yaxis={"title": "positions per step", "rangemode": "tozero"})
 
 
+# ---------------------------------------------------------------------- APD
+def _token(trace: dict[str, Any], t: Any) -> str:
+    return plot_text(visible(token_text(trace, t)))
+
+
+@step_plot("denoise", "Helper vs dLLM", needs="apd", order=70)
+def apd_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
+    """At each position of the pass's window: the dLLM's probability of its proposal (bars,
+    green where accepted), the helper's probability of the same token and the mixture's, and
+    a cross where the mixture's coupled draw differed from the proposal (the first one ends
+    the accepted prefix)."""
+    title = "Helper vs dLLM"
+    i, s, ev = _evidence(trace, step, "apd", title)
+    if s is None:
+        return ev
+    win = ev.get("window") if isinstance(ev.get("window"), list) and len(ev["window"]) == 2 else [0, 0]
+    xs = list(range(int(win[0]), int(win[1])))
+    k = ev.get("accepted") if isinstance(ev.get("accepted"), int) else 0
+    prop = ints(ev.get("proposed"))
+    def hov(j: int, who: str) -> str:
+        return (f"position {xs[j]} · {who}<br><b>{_token(trace, at(prop, j))}</b>"
+                f" · dLLM {fmt(at(ev.get('p_dllm'), j))} · helper {fmt(at(ev.get('p_helper'), j))}"
+                f" · mixture {fmt(at(ev.get('p_mixture'), j))}")
+    fig = go.Figure()
+    for name, sel, colour in (("accepted", range(min(k, len(xs))), ACCEPTED),
+                              ("not accepted", range(min(k, len(xs)), len(xs)), MASK)):
+        js = list(sel)
+        if js:
+            fig.add_bar(x=[xs[j] for j in js], y=[num(at(ev.get("p_dllm"), j)) for j in js], name=f"dLLM p · {name}",
+                        marker_color=colour, hovertext=[hov(j, name) for j in js], hoverinfo="text")
+    fig.add_scatter(x=xs, y=[num(at(ev.get("p_helper"), j)) for j in range(len(xs))], name="helper p",
+                    mode="markers+lines", line={"color": FINAL, "width": 1, "dash": "dot"}, marker={"size": 7})
+    fig.add_scatter(x=xs, y=[num(at(ev.get("p_mixture"), j)) for j in range(len(xs))], name="mixture p",
+                    mode="markers", marker={"color": CHOSEN, "symbol": "diamond", "size": 7})
+    agree = ev.get("agree") if isinstance(ev.get("agree"), list) else []
+    off = [j for j, a in enumerate(agree) if a is False and j < len(xs)]
+    if off:
+        fig.add_scatter(x=[xs[j] for j in off], y=[1.02] * len(off), mode="markers", name="mixture draws another token",
+                        marker={"color": REJECTED, "symbol": "x", "size": 8},
+                        hovertext=[hov(j, "mixture draws " + _token(trace, at(ints(ev.get("mixture")), j)))
+                                   for j in off], hoverinfo="text")
+    sub = f"{k} of {len(xs)} accepted · weight w = {fmt(ev.get('weight'))} on the dLLM"
+    return base_layout(fig, f"{title} · step {i}", subtitle=plot_text(sub), barmode="overlay",
+                       xaxis_title="position in the canvas",
+                       yaxis={"title": "probability of the proposal", "range": [0, 1.06]})
+
+
+@run_plot("Parallel length per step", evidence="apd", order=160)
+def apd_run_figure(trace: dict[str, Any]) -> go.Figure:
+    """Tokens accepted per pass (bars) against the window the dLLM proposed (line), and the
+    share of each window's proposals (after the first) that the mixture's draw agreed with."""
+    title = "Parallel length per step"
+    rows = _rows(trace, "apd")
+    if not rows:
+        return empty_figure("no APD steps yet", title)
+    xs = [i for i, _s, _e in rows]
+    acc = [e.get("accepted") if isinstance(e.get("accepted"), int) else 0 for _i, _s, e in rows]
+    size = [len(ints(e.get("proposed"))) for _i, _s, e in rows]
+    share = []
+    for _i, _s, e in rows:
+        a = [v for v in (e.get("agree") or [])[1:] if isinstance(v, bool)]
+        share.append(sum(a) / len(a) if a else None)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_bar(x=xs, y=acc, name="accepted", marker_color=ACCEPTED, secondary_y=False)
+    fig.add_scatter(x=xs, y=size, name="proposed (window)", mode="lines", line={"color": INK, "dash": "dash"},
+                    secondary_y=False)
+    fig.add_scatter(x=xs, y=share, name="helper agrees (share)", mode="markers+lines",
+                    line={"color": FINAL, "width": 1, "dash": "dot"}, secondary_y=True)
+    total = sum(acc)
+    base_layout(fig, f"{title} · {len(rows)} passes",
+                subtitle=plot_text(f"{total} tokens · {total / len(rows):.2f} per pass"), xaxis_title="step")
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="agreement", range=[0, 1.05], secondary_y=True, showgrid=False)
+    return fig
+
+
+# ---------------------------------------------------------------------- DINGO
+@step_plot("denoise", "DP lattice", needs="dingo", order=80)
+def dingo_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
+    """Positions × automaton states: the best log-probability of a regex-valid prefix that
+    ends in each state after each position (blank: unreachable), the best path through the
+    lattice drawn, positions committed at this step marked on it."""
+    title = "DP lattice"
+    i, s, ev = _evidence(trace, step, "dingo", title)
+    if s is None:
+        return ev
+    lat = ev.get("lattice") if isinstance(ev.get("lattice"), list) else []
+    if not lat:
+        return empty_figure(f"step {i} has no lattice", f"{title} · step {i}")
+    n_s = max(len(r) for r in lat)
+    z = [[math.nan if num(at(r, q)) is None else num(at(r, q)) for r in lat] for q in range(n_s)]
+    done = ev.get("done_state")
+    names = [("done (EOS)" if q == done else f"state {q}") + (" ✓" if q in ints(ev.get("accepting")) else "")
+             for q in range(n_s)]
+    fig = go.Figure()
+    fig.add_heatmap(x=list(range(len(lat))), y=names, z=z, colorscale="Viridis", name="best log p",
+                    hovertemplate="after %{x} tokens · %{y}<br>best log p %{z:.2f}<extra></extra>",
+                    colorbar={"title": {"text": "log p", "side": "right"}, "thickness": 12, "len": 0.85})
+    path = ints(ev.get("path"))
+    best = ints(ev.get("best"))
+    if path:
+        hv = [f"after {k} tokens · {names[q] if q < n_s else q}" + (f"<br>next {_token(trace, at(best, k))}"
+                                                                   if k < len(best) else "")
+              for k, q in enumerate(path)]
+        fig.add_scatter(x=list(range(len(path))), y=[names[q] if q < n_s else q for q in path], mode="lines+markers",
+                        name="best path", line={"color": "white", "width": 2}, marker={"size": 6},
+                        hovertext=hv, hoverinfo="text")
+        now = [k + 1 for k in unmasked_of(s) if k + 1 < len(path)]
+        if now:
+            fig.add_scatter(x=now, y=[names[path[k]] for k in now], mode="markers", name="committed now",
+                            marker={"color": ACCEPTED, "size": 11, "symbol": "square-open", "line": {"width": 2}})
+    sub = (f"{n_s} states · best log p {fmt(ev.get('log_prob'), 2)} vs unconstrained "
+           f"{fmt(ev.get('unconstrained_log_prob'), 2)} · {len(ints(ev.get('differs')))} positions differ")
+    return base_layout(fig, f"{title} · step {i}", subtitle=plot_text(sub), xaxis_title="tokens read (position + 1)",
+                       yaxis={"title": "automaton state", "type": "category"})
+
+
+@run_plot("Constrained vs unconstrained", evidence="dingo", order=170)
+def dingo_run_figure(trace: dict[str, Any]) -> go.Figure:
+    """Per step: the log-probability of the best regex-valid canvas and of the per-position
+    argmax (what the model would write unconstrained), and how many positions the two differ at."""
+    title = "Constrained vs unconstrained"
+    rows = _rows(trace, "dingo")
+    if not rows:
+        return empty_figure("no DINGO steps yet", title)
+    xs = [i for i, _s, _e in rows]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=xs, y=[num(e.get("log_prob")) for _i, _s, e in rows], name="best regex-valid canvas",
+                    mode="lines+markers", line={"color": ACCEPTED}, secondary_y=False)
+    fig.add_scatter(x=xs, y=[num(e.get("unconstrained_log_prob")) for _i, _s, e in rows], name="unconstrained argmax",
+                    mode="lines+markers", line={"color": INK, "dash": "dash"}, secondary_y=False)
+    fig.add_bar(x=xs, y=[len(ints(e.get("differs"))) for _i, _s, e in rows], name="positions that differ",
+                marker_color="rgba(229,72,77,0.35)", secondary_y=True)
+    regex = next((e.get("regex") for _i, _s, e in rows if isinstance(e.get("regex"), str)), "")
+    base_layout(fig, f"{title} · {len(rows)} steps", subtitle=plot_text(f"regex {regex}"), xaxis_title="step")
+    fig.update_yaxes(title_text="log p of the canvas", secondary_y=False)
+    fig.update_yaxes(title_text="positions", rangemode="tozero", secondary_y=True, showgrid=False)
+    return fig
+
+
 __all__ = ["ete_step_figure", "ete_run_figure", "r2_step_figure", "r2_run_figure", "leap_step_figure",
-           "leap_run_figure", "adablock_step_figure", "adablock_run_figure", "schedule_run_figure"]
+           "leap_run_figure", "adablock_step_figure", "adablock_run_figure", "schedule_run_figure",
+           "apd_step_figure", "apd_run_figure", "dingo_step_figure", "dingo_run_figure"]

@@ -36,6 +36,10 @@ most uncertain positions to set off cascades of confident ones (bits per round);
 `r2_dllm` commits confident windows and proposals that stayed stable; `localleap` lets
 confident anchors pull their neighbours in at a lower threshold; `adablock` ends each
 block at a confident predicted delimiter; `ass` commits 1, 2, 4, ... positions per step.
+`apd` takes a small causal model in the draft slot as a helper: the dLLM proposes a run of
+tokens, and the prefix on which the helper's mixture agrees commits in one pass. `dingo`
+constrains the canvas to a regular expression: every step, the most probable regex-valid
+canvas by dynamic programming over positions x automaton states (the *DP lattice*).
 
 **Knobs that matter:** `gen_length` (canvas size), `steps` (fewer steps = more tokens per
 step), `block_length` (semi-autoregressive blocks), `threshold` for the threshold plans and

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from decoders import all_decoders
+from decoders import all_decoders, get_decoder
 from playground.bench import machine_line
 from playground.core.errors import PlaygroundError
 from playground.core.models import BUNDLED_DIR, load_model
@@ -90,17 +90,24 @@ def ar_perplexity(target: Any, prompt_ids: list[int], out_ids: list[int]) -> flo
     return float(torch.exp(nll.mean()))
 
 
-def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int) -> list[dict[str, Any]]:
-    """Run every configuration on every prompt; one row of averages per configuration."""
+def measure(handle: Any, target: Any, prompts: list[str], g: int, block: int,
+            helper: Any = None) -> list[dict[str, Any]]:
+    """Run every configuration on every prompt; one row of averages per configuration.
+
+    ``helper`` is the causal model in the draft slot of the decoders that take one (apd);
+    without it those rows are left out."""
     refs: dict[str, Any] = {}
     rows = []
     for label, dec, knobs in configs(g, block):
+        needs = get_decoder(dec).needs_draft
+        if needs and helper is None:
+            continue
         keys = ("steps", "tps", "wall", "agree", "exact", "ppl", "proc", "l2r", "distinct")
         acc: dict[str, list[float]] = {k: [] for k in keys}
         for prompt in prompts:
             t0 = time.perf_counter()
             tr = prepare(model=handle, decoder=dec, prompt=prompt, max_new_tokens=g, seed=0,
-                         params=knobs).finish()
+                         draft=helper if needs else None, params=knobs).finish()
             acc["wall"].append(time.perf_counter() - t0)
             canvas = tr.steps[-1].evidence["canvas"]
             ref = refs.setdefault(prompt, canvas)
@@ -178,10 +185,14 @@ def run_suite(args: argparse.Namespace) -> str:
         target = load_model("tiny-shakespeare").view()
     except PlaygroundError:
         target = None
+    try:
+        helper = load_model("tiny-shakespeare-draft")
+    except PlaygroundError:
+        helper = None
     g, block = (16, 8) if args.quick else (32, 8)
     prompts = PROMPTS[:10] if args.quick else PROMPTS
     t0 = time.perf_counter()
-    rows = measure(handle, target, prompts, g, block)
+    rows = measure(handle, target, prompts, g, block, helper)
     total = time.perf_counter() - t0
     front = pareto(rows)
     docs = Path(args.out).resolve().parent
