@@ -32,9 +32,10 @@ def check_prerequisites() -> None:
         "the bundled tiny-shakespeare model is missing"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
-    """Headless Chromium for one test module."""
+    """Headless Chromium, launched once for every browser test module (each test opens its own
+    context, so no cookies or storage pass between tests)."""
     import playwright.sync_api as playwright_api
 
     with playwright_api.sync_playwright() as pw:
@@ -43,10 +44,15 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def app(tmp_path_factory: Any) -> Iterator[App]:
     """The app on a free 127.0.0.1 port with a database of its own (``app.db``), one torch
-    thread (on a busy shared CPU, more threads spin against each other)."""
+    thread (on a busy shared CPU, more threads spin against each other).
+
+    Started once for every browser test module: a start imports torch, transformers and gradio
+    in a fresh interpreter (10-20 s on a busy 2-core machine). Tests that read the database
+    read what they stored themselves (the newest session, or a count taken before their run),
+    never that it is empty."""
     check_prerequisites()
     tmp = tmp_path_factory.mktemp("browser")
     a = App(str(tmp / "sessions.db"), tmp / "app.log", OMP_NUM_THREADS="1")
