@@ -6,7 +6,9 @@ presets the README shows and writes ``compare-running.png``, ``compare-finished.
 docs/screenshots), and one inspector column per step kind or evidence that docs/teaching.md's
 "Reading the plots" annotates: ``diffusion-canvas.png`` (denoise steps), ``jacobi.png``,
 ``constraint.png``, ``watermark.png``, ``particles.png`` (SMC), and ``divergence.png`` (the comparison strip of lanes that
-share their random numbers). Tests never write these files; this command is the only writer.
+share their random numbers), and ``width-1440.png``, ``width-800.png``, ``width-400.png``: the top of
+the page after a *Speculative showdown* run at each width the page is checked at. Tests never
+write these files; this command is the only writer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import visualizers
-from playground.bench._browser import app_and_browser, load_preset, new_page, set_number, wait_idle, wait_running
+from playground.bench._browser import (app_and_browser, load_preset, new_page, open_page, set_number, wait_idle,
+                                      wait_running)
 from playground.core.errors import PlaygroundError
 from playground.core.models import BUNDLED_DIR
 
@@ -35,8 +38,9 @@ COLUMNS = {
     "particles": ("Guided decoding", 5, 10),  # smc
 }
 DIVERGENCE = "Truncation samplers"
+WIDTHS = (1440, 800, 400)  # the widths tests/test_browser_widths.py checks
 NAMES = ("compare-running", "compare-finished", "inspector", "speculative-showdown", "sessions",
-         *COLUMNS, "divergence")
+         *COLUMNS, "divergence", *(f"width-{w}" for w in WIDTHS))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -157,6 +161,27 @@ def _sessions_shot(page: Any, out: Path, written: list[str]) -> None:
     _save(out, "sessions", page.screenshot(full_page=False), written)
 
 
+def _width_shots(browser: Any, url: str, want: set[str], out: Path, written: list[str]) -> None:
+    """The page after a showdown run at each checked width: its first two screens."""
+    for w in WIDTHS:
+        if f"width-{w}" not in want:
+            continue
+        ctx = browser.new_context(viewport={"width": w, "height": 900})
+        page = ctx.new_page()
+        page.set_default_timeout(120_000)
+        try:
+            open_page(page, url)
+            load_preset(page, SHOWDOWN)
+            page.click("#run")
+            wait_running(page)
+            wait_idle(page)
+            page.wait_for_timeout(1500)  # the chained draw of the plots
+            png = page.screenshot(clip={"x": 0, "y": 0, "width": w, "height": 1800}, full_page=True)
+            _save(out, f"width-{w}", png, written)
+        finally:
+            ctx.close()
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the app and Chromium, take the screenshots, print the files written."""
     want = set(args.only or NAMES)
@@ -184,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
                 wait_idle(page)
             _sessions_shot(page, out, written)
         page.context.close()
+        _width_shots(browser, app.url, want, out, written)
     for path in written:
         print(path)
     return 0
