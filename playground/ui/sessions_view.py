@@ -1,9 +1,12 @@
 """The Sessions tab: stored comparisons — list, open, rename, delete, export and import — and
 the replay of a stored session (a share link or *Open in Compare*).
 
-Every finished or stopped comparison is saved by the Compare page; this view works on the
-store (``playground.store``) only, so it needs no model. Opening a session replays it in the
-Compare tab, exactly as a share link does.
+Every finished or stopped comparison is saved by the Compare page (not one where every lane
+failed); this view works on the store (``playground.store``) only, so it needs no model.
+Opening a session replays it in the Compare tab, exactly as a share link does. The list marks
+how a run ended after its title ("[stopped]", "[lane 2 failed]", :func:`outcome_mark`), so
+equal titles are told apart; Delete takes two presses (the first asks, on the page itself: no
+browser dialog), and Rename updates the "selected:" line.
 
 Branches (``playground/branching.py``) are listed under their parent, with where they branched
 off. A one-lane branch is stored beside its parent (its runs: the parent's lane, then the
@@ -362,8 +365,9 @@ class SessionsView:
 
 def _intro() -> str:
     if one_user():
-        return ("Every finished or stopped comparison is saved here. Select a row, then open, rename, "
-                "delete or export it; import a JSON export from another machine.")
+        return ("Every finished or stopped comparison is saved here (marked [stopped] or [lane N failed] "
+                "where it was). Select a row, then open, rename, delete (press twice) or export it; import a "
+                "JSON export from another machine.")
     return ("The comparisons made in this browser are saved here, with the one open in the Compare tab. "
             "Select a row, then open, rename, delete or export it (your own sessions only); a share link "
             "shows a session to anyone, read-only.")
