@@ -504,6 +504,13 @@ class Store:
         if row is None or row[0] is None or not secrets.compare_digest(str(row[0]), str(owned_by)):
             raise PlaygroundError("only the browser that made this session may change it")
 
+    def check_may_change(self, sid: str, owned_by: str | None) -> None:
+        """Raise, with the line a rename or delete would give, unless ``owned_by`` may change
+        ``sid`` (None: anyone): the Sessions tab asks before a delete only someone who may make it."""
+        _check_id(sid)
+        with self._lock:
+            self._check_owned(self.conn, sid, owned_by)
+
     def session_owner(self, sid: str) -> str | None:
         """The owner id of the browser that made ``sid`` (None: nobody's, or no such session)."""
         _check_id(sid)

@@ -300,8 +300,7 @@ class SessionsView:
             if confirm != sid:
                 # refuse at once what the second press would refuse: nobody is asked to
                 # confirm a change they may not make
-                if who is not None and store.session_owner(str(sid)) != who:
-                    raise PlaygroundError("only the browser that made this session may change it")
+                store.check_may_change(str(sid), who)
                 title = store.session_summary(str(sid))["title"]
                 ask = (f"Delete “{title}”? Press Confirm delete to delete it for good, or select another row "
                        f"to keep it.")
