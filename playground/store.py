@@ -26,6 +26,15 @@ Design choices, and why:
   hash of a random key the browser keeps, :mod:`playground.ownership`); rename and delete can
   be limited to the owner (``owned_by=``). Reading a session needs only its id: that is what a
   share link hands out.
+* Outcome: the page keeps in a session's settings whether Stop ended its run and which lanes
+  failed (``settings.outcome`` = ``{"stopped", "failed_lanes"}``, :func:`run_outcome`), so a
+  listing tells apart sessions with the same title. It is settings, not a column: no
+  migration, and it travels in exports; a session without one (saved before it was kept, or by
+  the CLI and the API) is read from its lanes' stats (``finish_reason`` ``cancelled``, ``error``).
+* Imports are checked before anything is stored: the trace schema and its counts
+  (:func:`playground.core.trace.validate_trace_dict`), and every token id below the
+  vocabulary size of the model the lane names where that is known offline
+  (:mod:`playground.store_vocab`).
 * Session ids are ``secrets.token_urlsafe(24)`` (32 url-safe characters) redrawn until the
   first is a letter or digit, so a command line never reads one as an option: ~191.9 bits.
   Knowing an id is what lets someone open a session, so ids are never derived from content.
@@ -49,6 +58,7 @@ import playground.inputs as inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.core.trace import validate_trace_dict
+from playground.store_vocab import vocab_bound
 
 EXPORT_FORMAT = "decoder-playground-session"
 EXPORT_VERSION = 1
@@ -56,6 +66,12 @@ MAX_TITLE_CHARS = 200
 # A leading '-' would read as an option on the command line, so ids start with a letter or digit.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{31}")
 _BUSY_TIMEOUT_MS = 30_000
+# What a listing reads of each lane: its decoder, and from its stats whether it was stopped or
+# failed.
+# JSON1 reads the two fields without loading the rest; a row whose stats are not JSON (written
+# by hand) reads as neither rather than failing the whole listing.
+_LANE_COLUMNS = ("decoder, CASE WHEN json_valid(stats) THEN json_extract(stats, '$.finish_reason') END, "
+                 "CASE WHEN json_valid(stats) THEN json_extract(stats, '$.error') END")
 
 
 # ---------------------------------------------------------------------- schema migrations
@@ -198,6 +214,14 @@ def _check_trace(trace: Any, lane: int) -> None:
         raise PlaygroundError(f"lane {lane + 1}: 'pieces' must be a list of text")
 
 
+def _loads_or_none(text: Any) -> Any:
+    """A stored JSON column read back (None where it is not JSON: a listing never fails on one row)."""
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
 def _check_owner(owner: Any) -> str | None:
     """An owner id (a 64-hex-digit hash, :func:`playground.ownership.owner_id`) or None."""
     if owner is None:
@@ -228,6 +252,65 @@ def _check_branch(branch: Any, lanes: int | None = None) -> dict[str, Any]:
     return dict(branch)
 
 
+def lane_failed(trace: Any) -> bool:
+    """Whether a lane's run failed: its stats carry an ``error`` line (the runner's mark)."""
+    stats = trace.get("stats") if isinstance(trace, dict) else None
+    return isinstance(stats, dict) and bool(stats.get("error"))
+
+
+def run_outcome(traces: list[dict[str, Any]], stopped: bool) -> dict[str, Any]:
+    """The ``outcome`` a session's settings keep: ``stopped`` (Stop ended the run) and
+    ``failed_lanes`` (lane numbers from 1 whose run failed), so a listing tells apart
+    sessions whose titles are the same."""
+    return {"stopped": bool(stopped), "failed_lanes": [j + 1 for j, t in enumerate(traces) if lane_failed(t)]}
+
+
+def _check_outcome(outcome: Any, lanes: int) -> None:
+    """An ``outcome`` in a session's settings: ``stopped`` true/false, ``failed_lanes`` lane
+    numbers from 1 up to the session's lane count."""
+    if not isinstance(outcome, dict) or set(outcome) - {"stopped", "failed_lanes"}:
+        raise PlaygroundError("a session's settings.outcome must be {\"stopped\": ..., \"failed_lanes\": [...]}")
+    if not isinstance(outcome.get("stopped", False), bool):
+        raise PlaygroundError("a session's settings.outcome.stopped must be true or false")
+    failed = outcome.get("failed_lanes", [])
+    if not isinstance(failed, list) or any(not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= lanes
+                                           for k in failed):
+        raise PlaygroundError(f"a session's settings.outcome.failed_lanes must list lane numbers 1..{lanes}")
+
+
+def stored_outcome(settings: Any, lanes: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """A stored session's outcome: its settings' ``outcome`` where it has one (the page saves
+    it), else read from its lanes' ``(finish_reason, error)`` (sessions saved before it was
+    kept, or by the command line and the API): a cancelled lane means the run was stopped."""
+    kept = settings.get("outcome") if isinstance(settings, dict) else None
+    if isinstance(kept, dict):
+        failed = kept.get("failed_lanes")
+        return {"stopped": kept.get("stopped") is True,
+                "failed_lanes": [k for k in failed if isinstance(k, int)] if isinstance(failed, list) else []}
+    return {"stopped": any(reason == "cancelled" for reason, _ in lanes),
+            "failed_lanes": [j + 1 for j, (_, error) in enumerate(lanes) if error]}
+
+
+def _check_vocab(data: dict[str, Any]) -> None:
+    """Every token id of an import's lanes is below its model's vocabulary size (read offline,
+    :mod:`playground.store_vocab`): ids, commits and forced tokens, checked before anything
+    is stored. One line naming the lane and the field."""
+    bounds: dict[str, tuple[int, bool]] = {}
+    for lane, trace in enumerate(data["runs"]):
+        model = trace.get("model") if isinstance(trace.get("model"), str) and trace.get("model") else data["model"]
+        if model not in bounds:
+            bounds[model] = vocab_bound(model)
+        bound, known = bounds[model]
+        fields: list[tuple[str, list[Any]]] = [("prompt_ids", trace["prompt_ids"]), ("output_ids", trace["output_ids"])]
+        fields += [(f"step {j}'s committed", s.get("committed", [])) for j, s in enumerate(trace["steps"])]
+        fields += [("force", [f[1] for f in trace.get("force") or []])]
+        for name, ids in fields:
+            bad = next((x for x in ids if x >= bound), None)
+            if bad is not None:
+                where = f"the vocabulary of {model} ({bound} ids)" if known else f"any vocabulary (at most {bound} ids)"
+                raise PlaygroundError(f"lane {lane + 1}: {name} holds token {bad}, outside {where}")
+
+
 def _check_session(title: Any, model: Any, prompt: Any, settings: Any, traces: Any) -> None:
     for name, value in (("model", model), ("prompt", prompt)):
         if not isinstance(value, str):
@@ -242,6 +325,8 @@ def _check_session(title: Any, model: Any, prompt: Any, settings: Any, traces: A
         raise PlaygroundError("a session needs a list of at least one run")
     for lane, trace in enumerate(traces):
         _check_trace(trace, lane)
+    if "outcome" in settings:
+        _check_outcome(settings["outcome"], len(traces))
 
 
 # ---------------------------------------------------------------------- the store
@@ -419,6 +504,13 @@ class Store:
         if row is None or row[0] is None or not secrets.compare_digest(str(row[0]), str(owned_by)):
             raise PlaygroundError("only the browser that made this session may change it")
 
+    def check_may_change(self, sid: str, owned_by: str | None) -> None:
+        """Raise, with the line a rename or delete would give, unless ``owned_by`` may change
+        ``sid`` (None: anyone): the Sessions tab asks before a delete only someone who may make it."""
+        _check_id(sid)
+        with self._lock:
+            self._check_owned(self.conn, sid, owned_by)
+
     def session_owner(self, sid: str) -> str | None:
         """The owner id of the browser that made ``sid`` (None: nobody's, or no such session)."""
         _check_id(sid)
@@ -447,24 +539,25 @@ class Store:
 
     def session_summary(self, sid: str) -> dict[str, Any]:
         """What a listing shows of one session (id, title, model, created, decoders in lane order,
-        parent, branch, branch ids) without reading its traces: cheap at any trace size."""
+        parent, branch, branch ids, ``stopped``, ``failed_lanes``) without reading its traces: cheap at any trace size."""
         _check_id(sid)
         with self._lock:
-            s = self.conn.execute("SELECT title, model, created, parent_id, branch FROM sessions WHERE id = ?",
+            s = self.conn.execute("SELECT title, model, created, parent_id, branch, settings FROM sessions WHERE id = ?",
                                   (sid,)).fetchone()
             if s is None:
                 raise PlaygroundError(f"no session with id {sid}")
-            decoders = [r[0] for r in self.conn.execute(
-                "SELECT decoder FROM runs WHERE session_id = ? ORDER BY lane", (sid,))]
+            lanes = self.conn.execute(f"SELECT {_LANE_COLUMNS} FROM runs WHERE session_id = ? ORDER BY lane",
+                                      (sid,)).fetchall()
             kids = [r[0] for r in self.conn.execute(
                 "SELECT id FROM sessions WHERE parent_id = ? ORDER BY created, rowid", (sid,))]
-        return {"id": sid, "title": s[0], "model": s[1], "created": s[2], "decoders": decoders,
-                "parent": s[3], "branch": json.loads(s[4]) if s[4] else None, "branches": kids}
+        return {"id": sid, "title": s[0], "model": s[1], "created": s[2], "decoders": [r[0] for r in lanes],
+                "parent": s[3], "branch": json.loads(s[4]) if s[4] else None, "branches": kids,
+                **stored_outcome(_loads_or_none(s[5]), [(r[1], r[2]) for r in lanes])}
 
     def list_sessions(self, limit: int | None = None, owned_by: str | None = None,
                       also: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-        """Sessions (id, title, model, decoders in lane order, created, parent, branch, owner),
-        newest first; at most ``limit``. With ``owned_by``, only that owner id's sessions and
+        """Sessions (id, title, model, decoders in lane order, created, parent, branch, owner,
+        ``stopped`` and ``failed_lanes``, :func:`stored_outcome`), newest first; at most ``limit``. With ``owned_by``, only that owner id's sessions and
         those named in ``also`` (e.g. one the visitor opened by its link)."""
         where, args = "", []
         if owned_by is not None:
@@ -474,15 +567,18 @@ class Store:
         newest = "SELECT {} FROM sessions " + where + " ORDER BY created DESC, rowid DESC LIMIT ?"
         n = -1 if limit is None else max(int(limit), 0)  # LIMIT -1: no limit
         with self._lock:
-            sessions = list(self.db.query(newest.format("id, title, model, created, parent_id, branch, owner"),
+            sessions = list(self.db.query(newest.format("id, title, model, created, parent_id, branch, owner, settings"),
                                           [*args, n]))
-            decoders: dict[str, list[str]] = {}
-            for r in self.db.query(f"SELECT session_id, decoder FROM runs WHERE session_id IN ({newest.format('id')}) "
-                                   "ORDER BY session_id, lane", [*args, n]):
-                decoders.setdefault(r["session_id"], []).append(r["decoder"])
+            lanes: dict[str, list[tuple[Any, ...]]] = {}
+            for r in self.conn.execute(f"SELECT session_id, {_LANE_COLUMNS} FROM runs "
+                                       f"WHERE session_id IN ({newest.format('id')}) ORDER BY session_id, lane",
+                                       [*args, n]):
+                lanes.setdefault(r[0], []).append(r[1:])
         return [{"id": s["id"], "title": s["title"], "model": s["model"],
-                 "decoders": decoders.get(s["id"], []), "created": s["created"], "parent": s["parent_id"],
-                 "branch": json.loads(s["branch"]) if s["branch"] else None, "owner": s["owner"]} for s in sessions]
+                 "decoders": [r[0] for r in lanes.get(s["id"], [])], "created": s["created"], "parent": s["parent_id"],
+                 "branch": json.loads(s["branch"]) if s["branch"] else None, "owner": s["owner"],
+                 **stored_outcome(_loads_or_none(s["settings"]), [(r[1], r[2]) for r in lanes.get(s["id"], [])])}
+                for s in sessions]
 
     def branch_tree(self, sid: str) -> dict[str, Any]:
         """The branch tree ``sid`` belongs to, from its root: nested ``{"id", "title", "branch",
@@ -599,6 +695,7 @@ def _check_export_tree(data: Any, depth: int) -> None:
     if depth and (not isinstance(data, dict) or any(k not in data for k in ("model", "prompt", "settings", "runs"))):
         raise PlaygroundError("a branch in the import is not a session export")
     _check_session(data.get("title"), data["model"], data["prompt"], data["settings"], data["runs"])
+    _check_vocab(data)
     if data.get("branch") is not None:
         _check_branch(data["branch"])
     elif depth:

@@ -124,7 +124,7 @@ def test_a_second_visitor_cannot_list_rename_delete_or_export_the_first_visitors
     msg = event(hosted, "on_select", [[a1, a2], KEY_B, a1], event_data={"index": [0, 0], "value": "x"})
     assert a1 not in json.dumps(msg["output"]["data"])
     for key in (KEY_B, KEY_A, None, "short"):
-        for name, data in (("on_rename", [a1, "pwned", key, a1]), ("on_delete", [a2, key, a2]),
+        for name, data in (("on_rename", [a1, "pwned", key, a1]), ("on_delete", [a2, key, a2, a2]),
                            ("on_export", [a1, key, a1])):
             msg = event(hosted, name, data)
             assert "pg-status-error" in status_of(msg), (name, key)

@@ -60,14 +60,17 @@ def test_a_visitor_lists_and_changes_only_their_own_sessions(demo, hosted):
     assert ids == [hosted["a"]]
     for key in (KEY_B, None, "short"):
         assert "may change it" in status(sv.on_rename(hosted["a"], "pwned", key, None))
-        assert "may change it" in status(sv.on_delete(hosted["a"], key, None))
+        for confirm in (None, hosted["a"]):  # refused at the first press, and at the second
+            assert "may change it" in status(sv.on_delete(hosted["a"], key, None, confirm))
         assert "only sessions made in this browser" in status(sv.on_export(hosted["a"], key, None))
     assert store.load_session(hosted["a"])["title"] == "A's"
     # nobody's session (the command line's, the API's) is changed by no visitor
-    assert "may change it" in status(sv.on_delete(hosted["cli"], KEY_A, None))
+    for confirm in (None, hosted["cli"]):
+        assert "may change it" in status(sv.on_delete(hosted["cli"], KEY_A, None, confirm))
     assert "Renamed." in status(sv.on_rename(hosted["a"], "mine", KEY_A, None))
     assert "Exported" in status(sv.on_export(hosted["a"], KEY_A, None))
-    assert "Deleted." in status(sv.on_delete(hosted["a"], KEY_A, None))
+    assert "Confirm delete" in status(sv.on_delete(hosted["a"], KEY_A, None))  # the first press asks
+    assert "Deleted." in status(sv.on_delete(hosted["a"], KEY_A, None, hosted["a"]))
     assert store.count() == 1
 
 
@@ -79,7 +82,8 @@ def test_a_session_open_by_its_link_is_listed_and_exportable_but_read_only(demo,
     assert sid == hosted["a"] and title == "A's"
     assert "Exported" in status(sv.on_export(sid, KEY_B, hosted["a"]))
     assert "may change it" in status(sv.on_rename(sid, "pwned", KEY_B, hosted["a"]))
-    assert "may change it" in status(sv.on_delete(sid, KEY_B, hosted["a"]))
+    for confirm in (None, sid):
+        assert "may change it" in status(sv.on_delete(sid, KEY_B, hosted["a"], confirm))
     # a row index beyond this page's listing, or another listing's ids, selects nothing
     assert sv.on_select(ids, KEY_B, None, evt=gr.SelectData(None, {"index": [0, 0], "value": "x"}))[0] is None
     assert sv.on_select(ids, KEY_B, hosted["a"], evt=gr.SelectData(None, {"index": [5, 0], "value": "x"}))[0] is None
@@ -103,7 +107,7 @@ def test_one_user_keeps_every_session_listed_and_changeable(demo, db, monkeypatc
     sv = demo.sessions_view
     assert set(sv.on_refresh(None, None)[1]) == {a, b}
     assert "Renamed." in status(sv.on_rename(a, "x", None, None))
-    assert "Deleted." in status(sv.on_delete(b, None, None))
+    assert "Deleted." in status(sv.on_delete(b, None, None, b))
 
 
 def test_the_store_refuses_a_change_by_anyone_but_the_owner(tmp_path):

@@ -106,7 +106,7 @@ def test_list_newest_first_with_decoders(store: Store) -> None:
     assert [s["id"] for s in listed] == [c, b, a]
     assert listed[1] == {"id": b, "title": "second", "model": "tiny-llama",
                          "decoders": ["top_k", "top_p", "greedy"], "created": listed[1]["created"],
-                         "parent": None, "branch": None, "owner": None}
+                         "parent": None, "branch": None, "owner": None, "stopped": False, "failed_lanes": []}
     assert store.count() == 3
     assert [s["id"] for s in store.list_sessions(limit=2)] == [c, b]
     assert store.list_sessions(limit=2)[1]["decoders"] == ["top_k", "top_p", "greedy"]
@@ -627,7 +627,8 @@ def test_a_summary_reads_no_trace(store: Store, db: Path) -> None:
     s = store.session_summary(kid)
     assert s == {"id": kid, "title": "kid", "model": "tiny-llama", "created": s["created"],
                  "decoders": ["greedy"], "parent": root,
-                 "branch": {"lane": 1, "step": 3, "position": 3, "token": 77}, "branches": []}
+                 "branch": {"lane": 1, "step": 3, "position": 3, "token": 77}, "branches": [],
+                 "stopped": False, "failed_lanes": []}
     assert store.session_summary(root)["branches"] == [kid]
     assert store.session_summary(root)["decoders"] == ["greedy", "top_p"]
     with sqlite3.connect(db) as raw:

@@ -219,9 +219,11 @@ def test_sessions_view_rename_export_import_delete(demo, page, tiny, db, tmp_pat
     opened = sv.on_open(new_sid)
     assert opened[page.sid] == new_sid and opened[page.traces][0]["output_ids"]
 
-    out = sv.on_delete(sid)
+    asked = sv.on_delete(sid)  # the first press asks; the second, for the same session, deletes
+    assert "Confirm delete" in asked[2] and asked[6] == sid and default_store().count() == 2
+    out = sv.on_delete(sid, None, None, asked[6])
     assert "Deleted" in out[2] and [r[4] for r in out[0]] == [new_sid] and out[1] == [new_sid]
-    assert "no session" in sv.on_delete(sid)[2]
+    assert "no session" in sv.on_delete(sid, None, None, sid)[2]
 
 
 def test_a_decoder_on_the_wrong_model_kind_is_a_lane_error(page, tiny, db):

@@ -17,6 +17,7 @@ import re
 import secrets
 import threading
 import time
+import unicodedata
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -71,7 +72,13 @@ def export_body(data: dict[str, Any]) -> bytes:
 
 
 def content_disposition(filename: str) -> str:
-    """An attachment header that keeps a name in any script (RFC 6266 / 5987), with an ASCII
-    fallback for old clients."""
-    fallback = re.sub(r"[^A-Za-z0-9._-]+", "-", filename).strip("-") or "session.json"
+    """An attachment header that keeps a name in any script (RFC 6266 / 5987: ``filename*``,
+    UTF-8 percent-encoded, which every current browser prefers), with an ASCII ``filename``
+    for old clients: accents dropped ("Spéculatif" reads "Speculatif"), other letters and
+    punctuation a single dash."""
+    stem, dot, ext = filename.rpartition(".") if "." in filename else (filename, "", "")
+    ascii_stem = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode("ascii")
+    ascii_stem = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_stem)
+    ascii_stem = re.sub(r"-{2,}", "-", ascii_stem).strip("-.") or "session"
+    fallback = f"{ascii_stem}{dot}{re.sub(r'[^A-Za-z0-9]+', '', ext)}"
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"

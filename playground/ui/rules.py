@@ -555,12 +555,17 @@ def preset_page(name: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- sessions
 def session_settings(model: str, seed: int, max_new_tokens: int, policy: str, metric: str,
-                     lanes: list[LaneConfig], preset: str | None = None) -> dict[str, Any]:
+                     lanes: list[LaneConfig], preset: str | None = None,
+                     outcome: dict[str, Any] | None = None) -> dict[str, Any]:
     """The settings stored with a session (what the page needs to show it again): with chat
     on, ``chat`` and ``system_prompt`` too (the lanes' options, page-wide; the remote-code
-    opt-in is not stored, so a replay never opts its viewer in to a model's code)."""
+    opt-in is not stored, so a replay never opts its viewer in to a model's code); with
+    ``outcome`` (``playground.store.run_outcome``: stopped, failed lanes) that too, for the
+    Sessions list's markers."""
     out = {"seed": int(seed), "max_new_tokens": int(max_new_tokens), "policy": policy, "metric": metric,
            "preset": preset or None, "lanes": [c.to_dict() for c in lanes], "page_model": model}
+    if outcome is not None:
+        out["outcome"] = dict(outcome)
     chat = next((c for c in lanes if c.chat), None)
     if chat is not None:
         out["chat"] = True

@@ -41,7 +41,7 @@ from playground.engine import prepare
 from playground.hosting import gpu, model_event_settings
 from playground.ownership import owner_id
 from playground.runner import Lane, Runner, pending_trace
-from playground.store import default_store
+from playground.store import default_store, lane_failed, run_outcome
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import InspectorHandlers, PlotPacer
@@ -240,7 +240,7 @@ class RunHandlers:
             picked, page.selected = page.selected, None
             self.sessions.end_run(run.token)
         stopped = run.runner is not None and run.runner.cancelled
-        sid, saved = self._save(req, run.traces, seed_i, mnt)
+        sid, saved = self._save(req, run.traces, seed_i, mnt, stopped)
         page.draw_pending = False
         yield self._last_frame(req, run, stopped, sid, saved, picked)
 
@@ -343,17 +343,21 @@ class RunHandlers:
                 self.ui.notice: "", **self.config.not_run(len(req.lanes), msg)}
 
     def _save(self, req: "RunRequest", traces: list[dict[str, Any]], seed: int,
-              max_new_tokens: int) -> tuple[str | None, str]:
+              max_new_tokens: int, stopped: bool = False) -> tuple[str | None, str]:
         """Store the run as this browser's session: its id (None when nothing was saved) and
-        what the status line says about it."""
+        what the status line says about it. A run where every lane failed, or none took a
+        step, is not saved (the line says why); the saved one keeps whether it was stopped and
+        which lanes failed (``settings.outcome``, the Sessions list's markers)."""
+        if traces and all(lane_failed(t) for t in traces):
+            return None, " Not saved: every lane failed."
         if not (traces and any(t.get("steps") for t in traces)):
-            return None, ""
+            return None, " Not saved: no lane took a step."
         try:
             pre = st.preset_page(req.preset) if req.preset else None
             title = st.session_title(req.lanes, pre["title"] if pre and [c.decoder for c in pre["lanes"]] ==
                                      [c.decoder for c in req.lanes] else None)
             settings = st.session_settings(req.page_model, seed, max_new_tokens, req.policy, req.metric,
-                                           req.lanes, req.preset)
+                                           req.lanes, req.preset, run_outcome(traces, stopped))
             sid = default_store().save_session(title, req.page_model, req.prompt, settings, traces,
                                                owner=owner_id(req.owner_key))
             return sid, " Saved — press Share for a link."

@@ -1,9 +1,12 @@
 """The Sessions tab: stored comparisons — list, open, rename, delete, export and import — and
 the replay of a stored session (a share link or *Open in Compare*).
 
-Every finished or stopped comparison is saved by the Compare page; this view works on the
-store (``playground.store``) only, so it needs no model. Opening a session replays it in the
-Compare tab, exactly as a share link does.
+Every finished or stopped comparison is saved by the Compare page (not one where every lane
+failed); this view works on the store (``playground.store``) only, so it needs no model.
+Opening a session replays it in the Compare tab, exactly as a share link does. The list marks
+how a run ended after its title ("[stopped]", "[lane 2 failed]", :func:`outcome_mark`), so
+equal titles are told apart; Delete takes two presses (the first asks, on the page itself: no
+browser dialog), and Rename updates the "selected:" line.
 
 Branches (``playground/branching.py``) are listed under their parent, with where they branched
 off. A one-lane branch is stored beside its parent (its runs: the parent's lane, then the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from typing import Any
 
 import gradio as gr
@@ -49,6 +53,9 @@ HEADERS = ["Title", "Model", "Decoders", "Created (UTC)", "Id"]
 EXPORT_ROUTE = "playground_api/export"
 BRANCH_MARK = "↳ "
 INDENT = "\u2003"  # an em space per level: the table collapses ordinary spaces
+DELETE_LABEL = "Delete"
+CONFIRM_LABEL = "Confirm delete"
+NO_SELECTION = '<div class="lane-info">no session selected</div>'
 
 
 def visible_sessions(owner_key: Any = None, open_sid: Any = None) -> list[dict[str, Any]]:
@@ -91,7 +98,9 @@ def tree_rows(sessions: list[dict[str, Any]]) -> list[list[str]]:
             parent = by_id.get(s.get("parent") or "")
             title = (INDENT * max(depth - 1, 0) + BRANCH_MARK + title + " — "
                      + branch_line(s["branch"], parent["title"] if parent else None))
-        rows.append([title, s["model"], ", ".join(s["decoders"]), str(s["created"])[:19].replace("T", " "), s["id"]])
+        mark = outcome_mark(s)
+        rows.append([f"{title} [{mark}]" if mark else title, s["model"], ", ".join(s["decoders"]),
+                     str(s["created"])[:19].replace("T", " "), s["id"]])
         for k in reversed(kids.get(s["id"], [])):  # listed newest first; branches read oldest first
             add(k, depth + 1)
 
@@ -101,6 +110,17 @@ def tree_rows(sessions: list[dict[str, Any]]) -> list[list[str]]:
         if s["id"] not in seen:
             add(s, 0)
     return rows
+
+
+def outcome_mark(session: dict[str, Any]) -> str:
+    """What the listing adds to a session's title about how its run ended: ``stopped``,
+    ``lane 2 failed``, ``lanes 1, 3 failed`` (``Store.list_sessions``' ``stopped`` and
+    ``failed_lanes``); empty for a run that finished with every lane."""
+    parts = ["stopped"] if session.get("stopped") else []
+    failed = [str(k) for k in session.get("failed_lanes") or []]
+    if failed:
+        parts.append(f"lane{'s' if len(failed) > 1 else ''} {', '.join(failed)} failed")
+    return " · ".join(parts)
 
 
 # ---------------------------------------------------------------------- replay
@@ -154,10 +174,11 @@ def chain_replay(page: ComparePage, event: Any) -> Any:
                       show_progress="hidden")
 
 
-def _safe_filename(title: str) -> str:
-    # letters of any script stay (a French or Japanese title keeps its name); anything a file
-    # system or a Content-Disposition header could misread becomes a dash
-    stem = re.sub(r"[^\w.-]+", "-", title).strip("-._")[:60] or "session"
+def safe_filename(title: str) -> str:
+    """The export's file name for a session titled ``title``: letters and digits of any script
+    stay ("Spéculatif" stays, composed to NFC first so an accent typed as a combining mark is
+    kept too); path separators, control characters and other punctuation become a dash."""
+    stem = re.sub(r"[^\w.-]+", "-", unicodedata.normalize("NFC", title)).strip("-._")[:60] or "session"
     return f"{stem}.json"
 
 
@@ -186,13 +207,14 @@ class SessionsView:
                                   max_height=420)
         self.listed = gr.State([])  # the ids of the rows this page was sent, in row order
         self.selected = gr.State(None)
+        self.confirm = gr.State(None)  # the session whose Delete was pressed once (the next press deletes)
         with gr.Row(equal_height=True):
-            self.selected_label = gr.HTML('<div class="lane-info">no session selected</div>', elem_id="session-selected")
+            self.selected_label = gr.HTML(NO_SELECTION, elem_id="session-selected")
         with gr.Row(equal_height=True):
             self.open_btn = gr.Button("Open in Compare", variant="primary", elem_id="session-open", scale=1)
             self.title = gr.Textbox(label="Title", elem_id="session-title", scale=3, max_lines=1)
             self.rename_btn = gr.Button("Rename", elem_id="session-rename", scale=1)
-            self.delete_btn = gr.Button("Delete", variant="stop", elem_id="session-delete", scale=1)
+            self.delete_btn = gr.Button(DELETE_LABEL, variant="stop", elem_id="session-delete", scale=1)
             self.export_btn = gr.Button("Export JSON", elem_id="session-export", scale=1)
         # a download link to the page's export route: the export streams from the store, no file
         self.export_file = gr.HTML("", elem_id="session-export-file", visible=False)
@@ -204,10 +226,14 @@ class SessionsView:
         listing = [self.table, self.listed, self.status]
         self.refresh.click(self.on_refresh, who, listing)
         tab.select(self.on_refresh, who, listing)
+        pending = [self.confirm, self.delete_btn]
         self.table.select(self.on_select, [self.listed, *who], [self.selected, self.title, self.selected_label])
-        self.rename_btn.click(self.on_rename, [self.selected, self.title, *who], listing)
-        self.delete_btn.click(self.on_delete, [self.selected, *who], listing + [self.selected, self.title,
-                                                                                self.selected_label])
+        # a Delete pressed once is forgotten when another row is picked
+        self.table.select(_no_pending, None, pending, queue=False, show_progress="hidden")
+        self.rename_btn.click(self.on_rename, [self.selected, self.title, *who],
+                              listing + [self.title, self.selected_label, *pending])
+        self.delete_btn.click(self.on_delete, [self.selected, *who, self.confirm],
+                              listing + [self.selected, self.title, self.selected_label, *pending])
         self.export_btn.click(self.on_export, [self.selected, *who], [self.export_file, self.status])
         self.import_btn.upload(self.on_import, [self.import_btn, *who], listing)
         opened = self.open_btn.click(self.on_open, [self.selected], self.page.page_outputs() + [self.tabs, self.status])
@@ -231,7 +257,7 @@ class SessionsView:
     def on_select(self, listed: Any, owner_key: Any = None, open_sid: Any = None,
                   evt: gr.SelectData = None) -> list[Any]:
         """A row was clicked: take its session id from the listing this page was sent."""
-        nothing = [None, "", '<div class="lane-info">no session selected</div>']
+        nothing = [None, "", NO_SELECTION]
         try:
             row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
             sid = list(listed or [])[int(row)]
@@ -244,30 +270,46 @@ class SessionsView:
             title = store.session_summary(str(sid))["title"]
         except PlaygroundError:
             return nothing
-        return [sid, title, f'<div class="lane-info">selected: <b>{_esc(title)}</b></div>']
+        return [sid, title, selected_html(title)]
 
     def on_rename(self, sid: Any, title: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
-        """Rename the selected session (its owner only, on a hosted instance)."""
-        if not sid:
-            return self._warn("select a session first")
-        try:
-            default_store().rename_session(str(sid), title if isinstance(title, str) else "",
-                                           owned_by=change_filter(owner_key))
-            return self._listing(owner_key, open_sid, "Renamed.", "ok")
-        except PlaygroundError as e:
-            return self._warn(str(e))
-
-    def on_delete(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
-        """Delete the selected session (its owner only, on a hosted instance)."""
-        keep = [gr.skip(), gr.skip(), gr.skip()]
+        """Rename the selected session (its owner only, on a hosted instance); the title box and
+        the "selected:" line then show the title as stored."""
+        keep = [gr.skip(), gr.skip(), *_no_pending()]
         if not sid:
             return self._warn("select a session first") + keep
         try:
-            default_store().delete_session(str(sid), owned_by=change_filter(owner_key))
-            return self._listing(owner_key, open_sid, "Deleted.", "ok") + [
-                None, "", '<div class="lane-info">no session selected</div>']
+            store = default_store()
+            store.rename_session(str(sid), title if isinstance(title, str) else "", owned_by=change_filter(owner_key))
+            stored = store.session_summary(str(sid))["title"]
+            return self._listing(owner_key, open_sid, "Renamed.", "ok") + [stored, selected_html(stored),
+                                                                           *_no_pending()]
         except PlaygroundError as e:
             return self._warn(str(e)) + keep
+
+    def on_delete(self, sid: Any, owner_key: Any = None, open_sid: Any = None, confirm: Any = None) -> list[Any]:
+        """Delete the selected session (its owner only, on a hosted instance) in two presses:
+        the first asks (the button then reads "Confirm delete"), the second, for the same
+        session, deletes. Selecting another row forgets the first press."""
+        keep = [gr.skip(), gr.skip(), gr.skip()]
+        if not sid:
+            return self._warn("select a session first") + keep + list(_no_pending())
+        try:
+            store = default_store()
+            who = change_filter(owner_key)
+            if confirm != sid:
+                # refuse at once what the second press would refuse: nobody is asked to
+                # confirm a change they may not make
+                store.check_may_change(str(sid), who)
+                title = store.session_summary(str(sid))["title"]
+                ask = (f"Delete “{title}”? Press Confirm delete to delete it for good, or select another row "
+                       f"to keep it.")
+                return [gr.skip(), gr.skip(), status_html(ask, "info"), *keep, sid,
+                        gr.update(value=CONFIRM_LABEL)]
+            store.delete_session(str(sid), owned_by=who)
+            return self._listing(owner_key, open_sid, "Deleted.", "ok") + [None, "", NO_SELECTION, *_no_pending()]
+        except PlaygroundError as e:
+            return self._warn(str(e)) + keep + list(_no_pending())
 
     def on_export(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
         """A download link for the selected session's export (streamed from the store when
@@ -285,7 +327,7 @@ class SessionsView:
             title = store.session_summary(str(sid))["title"]
         except PlaygroundError as e:
             return refuse(str(e))
-        name = _safe_filename(title or "session")
+        name = safe_filename(title or "session")
         token = self.exports.issue(str(sid), name)
         link = (f'<a class="pg-export-link" href="{EXPORT_ROUTE}/{token}" download="{esc(name)}">'
                 f'⇩ Download {esc(name)}</a>')
@@ -301,8 +343,7 @@ class SessionsView:
         except PlaygroundError as e:
             return self._warn(f"import refused: {e}")
         listing = self._listing(owner_key, open_sid, "")
-        title = next((r[0] for r in listing[0] if r[4] == sid), sid)
-        listing[2] = status_html(f"Imported “{title}”.", "ok")
+        listing[2] = status_html(f"Imported “{default_store().session_summary(sid)['title']}”.", "ok")
         return listing
 
     def on_open(self, sid: str | None, request: gr.Request = None) -> dict[Any, Any]:
@@ -323,8 +364,9 @@ class SessionsView:
 
 def _intro() -> str:
     if one_user():
-        return ("Every finished or stopped comparison is saved here. Select a row, then open, rename, "
-                "delete or export it; import a JSON export from another machine.")
+        return ("Every finished or stopped comparison is saved here (marked [stopped] or [lane N failed] "
+                "where it was). Select a row, then open, rename, delete (press twice) or export it; import a "
+                "JSON export from another machine.")
     return ("The comparisons made in this browser are saved here, with the one open in the Compare tab. "
             "Select a row, then open, rename, delete or export it (your own sessions only); a share link "
             "shows a session to anyone, read-only.")
@@ -332,3 +374,13 @@ def _intro() -> str:
 
 def _esc(text: Any) -> str:
     return html.escape(str(text))
+
+
+def selected_html(title: str) -> str:
+    """The "selected:" line for a session titled ``title``."""
+    return f'<div class="lane-info">selected: <b>{_esc(title)}</b></div>'
+
+
+def _no_pending() -> tuple[Any, Any]:
+    """No Delete waiting for its confirmation: the state cleared, the button says Delete."""
+    return None, gr.update(value=DELETE_LABEL)
