@@ -129,3 +129,13 @@ def tiny(monkeypatch, llama_handle):
     monkeypatch.setattr(playground.engine, "load_model", fake_load)
     monkeypatch.setattr(playground.ui.lane_config, "_load", lambda spec: fake_load(spec))
     return llama_handle
+
+
+@pytest.fixture
+def frame_per_snapshot(monkeypatch):
+    """The Run stream sends a frame (its status line) for every snapshot it reads, as it did when
+    lane text rode in the frames: a test that acts between frames then acts mid-run, not after
+    a tiny model's 200 tokens (a second at the page's own status pace)."""
+    import playground.ui.run_handlers as rs
+
+    monkeypatch.setattr(rs, "STATUS_S", 0.0)

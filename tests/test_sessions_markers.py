@@ -121,7 +121,7 @@ def test_a_run_with_a_failed_lane_is_saved_and_listed_with_that_lane_marked(page
     assert rows_by_id()[sid] == "greedy vs llada [lane 2 failed]"
 
 
-def test_a_stopped_run_is_marked_stopped_and_told_apart_from_a_finished_one(page, tiny, db):
+def test_a_stopped_run_is_marked_stopped_and_told_apart_from_a_finished_one(page, tiny, db, frame_per_snapshot):
     done = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))[-1][page.sid]
     gen = page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
     final = None
