@@ -68,9 +68,10 @@
       if (window.__pgLive !== live || document.querySelector('#status [data-run-end="' + tok + '"]')) return;
       if (ans.unknown) {
         // not started yet (queued, or the poll overtook the Run), or over: a run once seen
-        // has ended; one never seen is asked for again ten times a second, for a minute
-        // (the server answers such a poll at once)
-        if (!live.seen && ++live.misses < 600) setTimeout(poll, 100);
+        // has ended; one never seen is asked for again every 25 ms for its first two seconds
+        // (the feed is the lanes' only text path, so this wait is part of the first token's),
+        // then ten times a second, for about a minute (the server answers such a poll at once)
+        if (!live.seen && ++live.misses < 600) setTimeout(poll, live.misses < 80 ? 25 : 100);
         return;
       }
       if (ans.busy) { setTimeout(poll, 100); return; }  // another poll of this run is being served
