@@ -24,6 +24,24 @@
       pending = true;
       if (window.requestIdleCallback) requestIdleCallback(send, {timeout: 2000}); else setTimeout(send, 50);
     }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['data-frame']});
+    // A figure Gradio takes out of the page stays in memory while plotly's window resize
+    // handler holds it (one figure of ~300 nodes per run: 26.7 -> 40.3 MB of JS heap and
+    // 6,500 -> 25,000 DOM nodes over 50 runs in one tab). Let go of the handler of every
+    // figure that leaves the page, as Plotly.purge would.
+    new MutationObserver((records) => {
+      for (const r of records) {
+        for (const n of r.removedNodes) {
+          if (n.nodeType !== 1 || n.isConnected) continue;
+          const figs = n.classList.contains('js-plotly-plot') ? [n] : n.querySelectorAll('.js-plotly-plot');
+          for (const gd of figs) {
+            if (gd._responsiveChartHandler) {
+              window.removeEventListener('resize', gd._responsiveChartHandler);
+              delete gd._responsiveChartHandler;
+            }
+          }
+        }
+      }
+    }).observe(document.body, {childList: true, subtree: true});
     document.addEventListener('click', (e) => {
       const b = e.target && e.target.closest ? e.target.closest('#stop') : null;
       if (!b || b.disabled) return;
