@@ -70,10 +70,19 @@ def _replay(steps, mask_id, i):
 
 
 @pytest.mark.slow
+@pytest.fixture(scope="module")
+def helper_model():
+    """The bundled causal draft, for the diffusion decoders that take a helper (apd)."""
+    from playground.core.models import load_model
+
+    return load_model("tiny-shakespeare-draft", device="cpu")
+
+
 @pytest.mark.parametrize("name,knobs", CASES, ids=[f"{n}-{json.dumps(k)}" for n, k in CASES])
-def test_per_position_plot_follows_the_canvas(diffusion_model, name, knobs):
+def test_per_position_plot_follows_the_canvas(diffusion_model, helper_model, name, knobs):
+    draft = helper_model if REGISTRY[name].needs_draft else None
     tr = json.loads(prepare(model=diffusion_model, decoder=name, prompt="Romeo.\nBut soft", max_new_tokens=12,
-                            seed=3, params=knobs).finish().to_json())
+                            seed=3, params=knobs, draft=draft).finish().to_json())
     steps = [s for s in tr["steps"] if s["kind"] == "denoise"]
     assert steps
     mask_id = steps[-1]["mask_id"]
