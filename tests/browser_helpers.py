@@ -32,10 +32,13 @@ def check_prerequisites() -> None:
         "the bundled tiny-shakespeare model is missing"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Chromium, launched once for every browser test module (each test opens its own
-    context, so no cookies or storage pass between tests)."""
+    """Headless Chromium for one test module (each test opens its own context, so no cookies or
+    storage pass between tests). Per module, not per session: while Playwright's sync API is
+    open it keeps an asyncio loop running in the main thread, and every later test that calls
+    ``asyncio.run`` failed ("cannot be called from a running event loop"); a launch takes about
+    a second, the app (session-wide) is what costs."""
     import playwright.sync_api as playwright_api
 
     with playwright_api.sync_playwright() as pw:
