@@ -13,11 +13,10 @@ a hosted machine's directories.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from playground.core.errors import PlaygroundError
-from playground.core.models.sources import local_dir, resolve
+from playground.core.models.sources import local_config, local_dir, resolve
 from playground.core.settings import limits
 
 # The largest vocabularies in use are about 262k ids (Gemma 3); 2**24 leaves room for any
@@ -36,14 +35,8 @@ def offline_vocab_size(spec: Any) -> int | None:
     except PlaygroundError:
         return None
     # only where this instance loads models from: what an import names is never probed elsewhere
-    folder = local_dir(source, location) if source in sources and source != "hub" else None
-    if folder is None:
-        return None
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = local_config(local_dir(source, location) if source in sources and source != "hub" else None)
+    if config is None:
         return None
     # a multimodal config keeps its text model's sizes under text_config
     for where in (config, config.get("text_config")):

@@ -7,14 +7,13 @@ event per change."""
 
 from __future__ import annotations
 
-import html
-
 import pytest
 
 from playground.ui import rules as st
 from playground.ui.lane_reset import cleared_trace, reset_lanes
 from playground.ui.scrubber import Scrubber
 from playground.ui.updates import is_cleared
+from test_ui_lanes import prop, run_args, text  # the page's Run inputs and update readers, as there
 
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
 
@@ -22,26 +21,6 @@ pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s o
 @pytest.fixture(scope="module")
 def page(demo):
     return demo.compare_page
-
-
-def run_args(page, lanes, prompt="ROMEO:", max_new=6, model="tiny-llama"):
-    """The Run button's inputs: page settings, then (decoder, knobs, draft, lane model) per lane."""
-    args = [model, "", prompt, 0, max_new, "forwards", "auto", len(lanes), None]
-    for j in range(page.max_lanes):
-        dec, knobs, draft = lanes[j] if j < len(lanes) else ("greedy", {}, None)
-        args += [dec, knobs, draft, st.SAME_MODEL]
-    return args
-
-
-def text(up, comp) -> str:
-    v = up.get(comp)
-    v = v if isinstance(v, str) else (v.get("value") if isinstance(v, dict) else str(v))
-    return html.unescape(str(v))
-
-
-def prop(up, comp, name):
-    v = up.get(comp)
-    return v.get(name) if isinstance(v, dict) else None
 
 
 def outputs_of(demo, comp, event):

@@ -17,7 +17,7 @@ import pytest
 
 from playground.core.errors import PlaygroundError
 
-from test_ui_app import download_export, html_of, run_args
+from test_ui_app import download_export, html_of, run_and_stop, run_args
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +123,7 @@ def test_a_run_with_a_failed_lane_is_saved_and_listed_with_that_lane_marked(page
 
 def test_a_stopped_run_is_marked_stopped_and_told_apart_from_a_finished_one(page, tiny, db, frame_per_snapshot):
     done = list(page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=6)))[-1][page.sid]
-    gen = page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
-    final = None
-    for k, up in enumerate(gen):
-        final = up
-        if k == 3:
-            page.on_stop(None, request=None)
+    final = run_and_stop(page, [("greedy", {}), ("greedy", {})])
     stopped = final[page.sid]
     assert "Stopped" in html_of(final, page.status) and stopped
     rows = rows_by_id()

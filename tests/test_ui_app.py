@@ -99,13 +99,19 @@ def test_replay_only_instance_refuses_to_run(page, tiny, db, monkeypatch):
     assert "replay only" in html_of(frames[-1], page.status)
 
 
-def test_stop_keeps_what_was_made_and_saves(page, tiny, db, frame_per_snapshot):
-    gen = page.on_run(None, *run_args(page, [("greedy", {}), ("greedy", {})], max_new=200))
+def run_and_stop(page, lanes, max_new=200):
+    """Run ``lanes`` and press Stop at the fourth frame; the last frame (with
+    ``frame_per_snapshot``, Stop then lands mid-run)."""
     final = None
-    for k, up in enumerate(gen):
+    for k, up in enumerate(page.on_run(None, *run_args(page, lanes, max_new=max_new))):
         final = up
         if k == 3:
             page.on_stop(None, request=None)
+    return final
+
+
+def test_stop_keeps_what_was_made_and_saves(page, tiny, db, frame_per_snapshot):
+    final = run_and_stop(page, [("greedy", {}), ("greedy", {})])
     traces = final[page.traces]
     assert all(t["stats"]["finish_reason"] == "cancelled" for t in traces)
     assert all(0 < len(t["output_ids"]) < 200 for t in traces)

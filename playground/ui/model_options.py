@@ -14,7 +14,6 @@ are tested without it.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -22,7 +21,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from playground.core.errors import PlaygroundError
 from playground.core.models.chat import has_chat_template
 from playground.core.models.kinds import REMOTE_CODE_TYPES
-from playground.core.models.sources import local_dir, resolve
+from playground.core.models.sources import local_config, local_dir, resolve
 from playground.hosting import remote_code_allowed
 
 
@@ -76,14 +75,8 @@ def needs_remote_code(spec: str | None) -> bool | None:
         source, location = resolve(str(spec))
     except PlaygroundError:
         return None
-    folder = local_dir(source, location)
-    if folder is None:
-        return None
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = local_config(local_dir(source, location))
+    if config is None:
         return None
     mtype = str(config.get("model_type") or "").lower()
     if any(t in mtype for t in REMOTE_CODE_TYPES):

@@ -6,6 +6,7 @@ the list of models loadable offline.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,18 @@ def local_dir(source: str, location: str) -> Path | None:
             return None
         return Path(hit).parent if isinstance(hit, str) else None
     return None
+
+
+def local_config(folder: Path | None) -> dict[str, Any] | None:
+    """The ``config.json`` in a model's local ``folder`` (:func:`local_dir`) as a dict, or None
+    when there is no folder, no readable file or no JSON object in it."""
+    if folder is None:
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _in_hf_cache(repo_id: str) -> bool:
