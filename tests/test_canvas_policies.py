@@ -12,6 +12,7 @@ import pytest
 
 import decoders  # noqa: F401 - registers every family
 from decoders.base import REGISTRY, Choice
+from playground.core.models import load_model
 from playground.engine import prepare
 from visualizers.canvas import position_metrics_figure
 
@@ -41,8 +42,6 @@ def test_every_policy_knob_is_covered():
 
 @pytest.fixture(scope="module")
 def diffusion_model():
-    from playground.core.models import load_model
-
     return load_model("tiny-shakespeare-diffusion", device="cpu")
 
 
@@ -73,8 +72,6 @@ def _replay(steps, mask_id, i):
 @pytest.fixture(scope="module")
 def helper_model():
     """The bundled causal draft, for the diffusion decoders that take a helper (apd)."""
-    from playground.core.models import load_model
-
     return load_model("tiny-shakespeare-draft", device="cpu")
 
 
