@@ -58,14 +58,35 @@ def make_gpt2(tok, seed: int, layers: int, tied: bool, scale: float):
     return model
 
 
-# Tied two-layer models (their embedding output is never a DoLa candidate) and untied
-# eight-layer ones, whose premature layers disagree enough with the last for DoLa to matter.
+def make_tied(make):
+    """A deeper tied model that does not just echo its last input token.
+
+    With tied weights the head is the embedding matrix, so a random model's residual stream
+    (the input token's embedding) decides the argmax; shrinking the embeddings and
+    sharpening the final norm instead lets the blocks speak, and DoLa's layer choice with it.
+    """
+    def build(tok, seed: int, layers: int, tied: bool, scale: float):
+        model = make(tok, seed, layers, tied, 1.0)
+        with torch.no_grad():
+            final_norm = model.transformer.ln_f if hasattr(model, "transformer") else model.model.norm
+            final_norm.weight.mul_(scale)
+            model.get_input_embeddings().weight.mul_(0.05)
+        return model
+    return build
+
+
+# Tied two-layer models (their embedding output is never a DoLa candidate), untied
+# eight-layer ones, whose premature layers disagree enough with the last for DoLa to matter,
+# and tied 6-, 8- and 60-layer ones, where transformers starts DoLa's low layers at layer 2.
 SPECS = {
     "llama": (make_llama, 0, 2, True, 2.0),
     "gpt2": (make_gpt2, 0, 2, True, 2.0),
     "llama8": (make_llama, 3, 8, False, 30.0),
     "gpt2_8": (make_gpt2, 4, 8, False, 30.0),
     "amateur": (make_llama, 1, 1, False, 30.0),
+    "gpt2_6t": (make_tied(make_gpt2), 5, 6, True, 30.0),
+    "llama8t": (make_tied(make_llama), 6, 8, True, 30.0),
+    "gpt2_60t": (make_tied(make_gpt2), 7, 60, True, 30.0),
 }
 
 
@@ -235,6 +256,16 @@ TRANSFORMERS_446 = [
      [300, 40, 278, 7, 51, 76, 314, 81, 135, 304, 217, 31]),
     ("gpt2_8", "dola", 2, {"dola_layers": "low", "repetition_penalty": 1.0},
      [64, 205, 28, 286, 107, 123, 304, 207, 174, 131, 70, 166]),
+    ("gpt2_6t", "dola", 0, {"dola_layers": "low", "repetition_penalty": 1.2},
+     [143, 92, 128, 252, 255, 90, 157, 71, 279, 208, 31, 315]),
+    ("llama8t", "dola", 0, {"dola_layers": "low", "repetition_penalty": 1.2},
+     [127, 143, 293, 97, 143, 143, 303, 221, 143, 143, 143, 246]),
+    ("llama8t", "dola", 3, {"dola_layers": "low", "repetition_penalty": 1.2},
+     [260, 129, 210, 250, 260, 260, 260, 260, 260, 260, 260, 260]),
+    ("gpt2_60t", "dola", 1, {"dola_layers": "low", "repetition_penalty": 1.2},
+     [131, 303, 127, 297, 173, 318, 2, 105, 167, 245, 188, 75]),
+    ("gpt2_60t", "dola", 2, {"dola_layers": "high", "repetition_penalty": 1.2},
+     [18, 203, 131, 303, 127, 297, 173, 305, 43, 105, 167, 245]),
 ]
 
 
@@ -433,11 +464,20 @@ def test_dola_candidate_layers_as_transformers():
     from decoders.contrastive.dola import candidate_layers
 
     assert candidate_layers("low", 8, False) == [0, 2] and candidate_layers("high", 8, False) == [4, 6]
-    assert candidate_layers("low", 8, True) == [1, 3] and candidate_layers("low", 2, True) == [1]
+    # tied: the embedding output is skipped, low starts at 2 (1 for two layers, 0 for one)
+    assert candidate_layers("low", 8, True) == [2] and candidate_layers("low", 2, True) == [1]
+    assert candidate_layers("low", 6, True) == [2] and candidate_layers("low", 1, True) == [0]
+    assert candidate_layers("low", 12, True) == [2, 4]
     assert candidate_layers("high", 32, True) == list(range(16, 32, 2))
-    assert candidate_layers("low", 60, True) == list(range(1, 20, 2))
+    assert candidate_layers("low", 60, True) == list(range(2, 20, 2))
     assert candidate_layers("high", 60, True) == list(range(40, 60, 2))
     assert candidate_layers(" 3, 0 ", 8, False) == [3, 0]
+
+
+@pytest.mark.parametrize("model,layers", [("gpt2_6t", [2]), ("llama8t", [2]), ("gpt2_60t", list(range(2, 20, 2)))])
+def test_dola_low_layers_of_tied_models_in_the_evidence(handles, tok, model, layers):
+    _, steps, _, _ = run_ids(handles[model], "dola", ids_of(tok, PROMPTS[0]), 2, {"dola_layers": "low"})
+    assert all(step.evidence["dola"]["layers"] == layers for step in steps)
 
 
 def test_dola_evidence_and_forwards(handles, tok):

@@ -51,10 +51,12 @@ def candidate_layers(spec: str, num_layers: int, tied: bool) -> list[int]:
     """The premature layers DoLa chooses from (indices into the hidden states, 0 = embeddings).
 
     As transformers 4.x: ``low`` is every second layer of the lower half, ``high`` of the
-    upper half (the last 20 layers' for models deeper than 40); the embedding output is
-    skipped when the LM head shares its weights with the embeddings.
+    upper half (the last 20 layers' for models deeper than 40). When the LM head shares its
+    weights with the embeddings, an early exit at the embeddings is the identity map, so
+    transformers 4.46 starts ``low`` at layer 2 (layer 1 for a 2-layer model, 0 for 1 layer).
     """
-    start, n = (1 if tied else 0), num_layers
+    n = num_layers
+    start = 0 if not tied or n < 2 else (1 if n == 2 else 2)
     parsed = parse_layers(spec)
     if parsed == "low":
         layers = [start] if start == n // 2 else list(range(start, n // 2 if n <= 40 else 20, 2))
