@@ -443,6 +443,25 @@ def stage_for(view: Any, params: dict[str, Any]) -> Stage | None:
     return Stage(view, params)
 
 
+def grammar_complete(view: Any, params: dict[str, Any], output_ids: Sequence[int]) -> bool | None:
+    """Whether a finished output satisfies the run's grammar (``regex``/``json_schema``/``grammar``);
+    None when no grammar knob is set or the output left the grammar (an error says so already).
+
+    A lane that spends its token budget inside an unbounded piece of the grammar (a JSON integer
+    under a tiny model, say) stops with ``length`` and an output the grammar does not accept yet;
+    the stats say so rather than let the text pass for valid.
+    """
+    if not any(str(params.get(k) or "").strip() for k in GRAMMAR_KNOBS):
+        return None
+    row = Stage(view, params).row()
+    try:
+        for token in output_ids:
+            row.advance(token)
+    except PlaygroundError:
+        return None
+    return row.accepting
+
+
 # ---------------------------------------------------------------------- many rows (beam search)
 def mask_rows(rows: Sequence[Row], scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
     """Constrain a (rows, V) score matrix row by row; the evidence is row 0's (the best beam).

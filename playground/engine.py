@@ -13,6 +13,7 @@ from typing import Any
 
 from decoders.token_text import view_token
 from decoders.base import Context, Decoder, get_decoder
+from decoders.constraint import grammar_complete
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.models import ModelHandle, load_model, token_pieces
 from playground.core.models.chat import check_chat
@@ -131,6 +132,10 @@ class Run:
             stats["acceptance_by_position"] = acceptance_by_position(trees)
         if self.error:
             stats["error"] = self.error
+        elif self.decoder.kind == "causal":
+            complete = grammar_complete(self.ctx.target, self.ctx.params, out)
+            if complete is not None:
+                stats["constraint_complete"] = complete
         self.recorder.finish(out, text, reason, **stats)
         self.trace.extra["tokens"] = token_texts(self.ctx.target, self.trace.to_dict())
         self.trace.extra["pieces"] = token_pieces(self.ctx.target.tokenizer, out, self.trace.prompt_ids)

@@ -125,6 +125,22 @@ SCHEMA = {"type": "object",
           "required": ["name", "age", "mood"], "additionalProperties": False}
 
 
+def test_a_lane_out_of_tokens_before_its_constraint_is_complete_says_so(llama_handle):
+    from visualizers.tokens import stats_line
+
+    # an unbounded integer cannot be complete in 6 tokens of a quote-opened string field
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"]})
+    short = run(llama_handle, "greedy", "ROMEO:", 6, json_schema=schema)
+    assert short.stats["finish_reason"] == "length" and short.stats["constraint_complete"] is False
+    line = stats_line(short.to_dict())
+    assert "constraint incomplete: ran out of tokens" in line
+    # a bounded regex the lane completes is marked complete, and its line says nothing of it
+    done = run(llama_handle, "greedy", "ROMEO:", 12, regex="(yes|no)")
+    assert done.stats["constraint_complete"] is True and "incomplete" not in stats_line(done.to_dict())
+    free = run(llama_handle, "greedy", "ROMEO:", 4)
+    assert "constraint_complete" not in free.stats
+
+
 @pytest.mark.slow
 def test_sampled_json_validates_on_bundled_model():
     import jsonschema  # the dev extra: a missing one fails, never skips

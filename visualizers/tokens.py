@@ -362,6 +362,9 @@ def stats_line(trace: dict[str, Any]) -> str:
     reason = stats.get("finish_reason")
     if reason:
         parts.append(f"finished: {reason}")
+    if stats.get("constraint_complete") is False:
+        parts.append("constraint incomplete: ran out of tokens" if reason == "length"
+                     else "constraint incomplete")
     if stats.get("error"):
         parts.append(f"error: {stats['error']}")
     mismatch = stats.get("lossless_mismatch")
