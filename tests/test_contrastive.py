@@ -160,12 +160,13 @@ def ref_contrastive_search(model, prompt: list[int], n: int, alpha: float, k: in
     return out
 
 
-def ref_contrastive_decoding(expert, amateur, prompt: list[int], n: int, alpha: float, beta: float) -> list[int]:
-    """Li et al. 2023: argmax over {p_e >= alpha·max p_e} of log p_e - beta·log p_a."""
+def ref_contrastive_decoding(expert, amateur, prompt: list[int], n: int, alpha: float, beta: float,
+                             tau: float = 1.0) -> list[int]:
+    """Li et al. 2023: argmax over {p_e >= alpha·max p_e} of log p_e - beta·log p_a, p_a at temperature tau."""
     seq, out = list(prompt), []
     for _ in range(n):
         le = torch.log_softmax(forward(expert, seq)[0], -1)
-        la = torch.log_softmax(forward(amateur, seq)[0], -1)
+        la = torch.log_softmax(forward(amateur, seq)[0] / tau, -1)
         best, best_score = None, -math.inf
         for v in range(le.numel()):
             if le[v].exp() >= alpha * le.exp().max():
@@ -342,6 +343,18 @@ def test_contrastive_decoding_equals_reference(handles, tok, expert, alpha, beta
         prompt = ids_of(tok, text)
         got, _, _, _ = run_ids(e, "contrastive", prompt, N, {"alpha": alpha, "beta": beta}, draft=a)
         assert got == ref_contrastive_decoding(e.model, a.model, prompt, N, alpha, beta), (expert, text)
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_contrastive_decoding_amateur_temperature_equals_reference(handles, tok, tau):
+    e, a = handles["gpt2_8"], handles["amateur"]
+    differs = 0
+    for text in PROMPTS[:3]:
+        prompt = ids_of(tok, text)
+        got, _, _, _ = run_ids(e, "contrastive", prompt, N, {"amateur_temperature": tau}, draft=a)
+        assert got == ref_contrastive_decoding(e.model, a.model, prompt, N, 0.1, 1.0, tau), text
+        differs += got != ref_contrastive_decoding(e.model, a.model, prompt, N, 0.1, 1.0)
+    assert differs  # the knob changes the contrast on these models
 
 
 def test_contrastive_decoding_changes_greedy(handles, tok):

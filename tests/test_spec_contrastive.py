@@ -54,7 +54,8 @@ def test_equals_contrastive_at_temperature_zero_in_fewer_expert_forwards(bundled
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("knobs", [{"beta": 0.5}, {"alpha": 0.3, "beta": 2.0, "gamma": 6}, {"gamma": 1}])
+@pytest.mark.parametrize("knobs", [{"beta": 0.5}, {"alpha": 0.3, "beta": 2.0, "gamma": 6}, {"gamma": 1},
+                                   {"amateur_temperature": 0.5}])
 def test_equals_contrastive_at_other_settings(bundled, knobs):
     check_equals_contrastive(bundled, knobs, PROMPTS, 40)
 

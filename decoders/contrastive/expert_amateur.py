@@ -24,14 +24,15 @@ _LOGP_FLOOR = -1e4
 
 
 def cd_scores(expert_logits: torch.Tensor, amateur_logits: torch.Tensor, alpha: float,
-              beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+              beta: float, amateur_temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The contrastive-decoding score of every token and the plausible set.
 
     plausible = {v : p_e(v) >= alpha · max p_e}; score(v) = log p_e(v) - beta · log p_a(v) on
-    it, -inf elsewhere.
+    it, -inf elsewhere, where p_a is the amateur's softmax at ``amateur_temperature`` τ
+    (Li et al. sharpen the amateur with τ < 1: p_a = softmax(logits_a / τ)).
     """
     le = torch.log_softmax(expert_logits.float(), -1)
-    la = torch.log_softmax(amateur_logits.float(), -1).clamp(min=_LOGP_FLOOR)
+    la = torch.log_softmax(amateur_logits.float() / amateur_temperature, -1).clamp(min=_LOGP_FLOOR)
     cut = le.max() + (math.log(alpha) if alpha > 0 else -math.inf)
     plausible = torch.isfinite(le) & (le >= cut)
     return torch.where(plausible, le - beta * la, torch.full_like(le, -math.inf)), plausible
@@ -46,10 +47,14 @@ class Contrastive(Decoder):
     ``tiny-shakespeare-draft``):
 
     1. V_head = {v : p_e(v | x<t) >= ``alpha`` · max_w p_e(w | x<t)}, the plausibility constraint;
-    2. score(v) = log p_e(v | x<t) - ``beta`` · log p_a(v | x<t) for v in V_head, -inf elsewhere;
-    3. ``temperature`` 0: x_t = argmax score (greedy search over the contrast, the paper's
-       setting); otherwise draw x_t from softmax(score / ``temperature``) with the run's
-       common random numbers.
+    2. score(v) = log p_e(v | x<t) - ``beta`` · log p_a(v | x<t) for v in V_head, -inf elsewhere,
+       with p_a the amateur's softmax at ``amateur_temperature`` τ (the paper's τ; its runs
+       use 0.5 and 1.0);
+    3. ``temperature`` 0: x_t = argmax score (greedy over the contrast); otherwise draw x_t
+       from softmax(score / ``temperature``) with the run's common random numbers.
+
+    Simplifies: the paper searches the objective with beam search; this lane takes the best
+    token per step (greedy), so its output can differ from the paper's beams.
 
     ``beta`` = 1 is exactly Li et al.'s log p_e - log p_a; ``beta`` = 0 is greedy on the
     expert. O'Brien & Lewis (2023) write the score as (1 + b)·s_e - b·s_a on logits, which
@@ -68,6 +73,8 @@ class Contrastive(Decoder):
         alpha=Float(0.1, 0.0, 1.0, "plausibility: keep tokens with p_expert >= alpha · max p_expert"),
         beta=Float(1.0, 0.0, 10.0, "amateur weight: score = log p_expert - beta · log p_amateur"),
         temperature=Float(0.0, 0.0, 10.0, "0 = greedy over the contrast; else sample softmax(score / T)"),
+        amateur_temperature=Float(1.0, 0.05, 10.0, "τ: the amateur's softmax temperature in the score "
+                                                    "(below 1 sharpens it; the paper uses 0.5 and 1.0)"),
         logit_lens=lens_param(),
     )
     reference = ("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL); "
@@ -92,6 +99,7 @@ class Contrastive(Decoder):
             raise PlaygroundError(f"prompt plus max_new_tokens ({need} tokens) exceeds the context of the "
                                   f"amateur {amateur.name!r} ({amateur.context_length} tokens)")
         alpha, beta, temp = (float(ctx.params[k]) for k in ("alpha", "beta", "temperature"))
+        tau = float(ctx.params["amateur_temperature"])
         state = ARState(amateur)
         evidence: dict[str, Any] = {}
 
@@ -99,7 +107,7 @@ class Contrastive(Decoder):
             # the amateur is fed lazily, so it runs exactly as many forwards as the expert
             a_logits = state.prefill(ctx.prompt_ids) if pos == 0 else state.advance(out[-1:])
             e, a = logits[:vocab], a_logits[:vocab].to(logits.device)
-            score, plausible = cd_scores(e, a, alpha, beta)
+            score, plausible = cd_scores(e, a, alpha, beta, tau)
             if temp == 0.0:
                 tok = int(torch.argmax(score))
                 final = torch.zeros_like(logits, dtype=torch.float32)
@@ -112,7 +120,7 @@ class Contrastive(Decoder):
                 final = torch.zeros_like(logits, dtype=torch.float32)
                 final[:vocab] = contrast
             evidence["contrast"] = contrast_evidence(
-                expert, {"expert": torch.softmax(e, -1), "amateur": torch.softmax(a, -1), "contrast": contrast},
+                expert, {"expert": torch.softmax(e, -1), "amateur": torch.softmax(a / tau, -1), "contrast": contrast},
                 tok, ctx.top_k_evidence, scores=score)
             evidence["contrast"]["plausible"] = int(plausible.sum())
             return final, tok

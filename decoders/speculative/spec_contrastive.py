@@ -18,7 +18,8 @@ from playground.core.trace import Step
 
 
 def contrast_probs(expert_logits: torch.Tensor, amateur_logits: torch.Tensor, vocab: int, alpha: float,
-                   beta: float, temperature: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+                   beta: float, temperature: float,
+                   amateur_temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The contrastive distribution over the expert's vocabulary, its scores and the size of
     the plausible set.
 
@@ -28,7 +29,8 @@ def contrast_probs(expert_logits: torch.Tensor, amateur_logits: torch.Tensor, vo
     """
     size = expert_logits.shape[-1]
     score = torch.full((size,), float("-inf"))
-    s, plausible = cd_scores(expert_logits[:vocab].float().cpu(), amateur_logits[:vocab].float().cpu(), alpha, beta)
+    s, plausible = cd_scores(expert_logits[:vocab].float().cpu(), amateur_logits[:vocab].float().cpu(), alpha, beta,
+                            amateur_temperature)
     score[:vocab] = s
     if temperature == 0.0:
         probs = torch.zeros(size)
@@ -75,6 +77,8 @@ class SpecContrastive(SpecDecoder):
         beta=Float(1.0, 0.0, 10.0, "amateur weight: score = log p_expert - beta · log p_amateur"),
         temperature=Float(0.0, 0.0, 10.0, "0 = greedy over the contrast (contrastive's output); else verify against "
                                           "softmax(score / T) with the amateur drafting from softmax(logits / T)"),
+        amateur_temperature=Float(1.0, 0.05, 10.0, "τ: the amateur's softmax temperature in the contrast score "
+                                                    "(as contrastive's; drafting keeps T)"),
     )
 
     def setup(self, ctx: Context) -> None:
@@ -85,6 +89,7 @@ class SpecContrastive(SpecDecoder):
                                   f"{ctx.target.vocab_size}; contrastive decoding needs one vocabulary")
         self.vocab = vocab
         self.alpha, self.beta, self.temp = (float(ctx.params[k]) for k in ("alpha", "beta", "temperature"))
+        self.tau = float(ctx.params["amateur_temperature"])
         self.d = DraftState(ctx.draft, check_draft(self.name, ctx))
         self.amateur: list[torch.Tensor] = []
         self.seen: dict[int, dict[str, Any]] = {}
@@ -99,12 +104,12 @@ class SpecContrastive(SpecDecoder):
     def target_probs(self, ctx: Context, logits: torch.Tensor, extra: Any = ()) -> torch.Tensor:
         depth = len(extra)
         probs, score, plausible = contrast_probs(logits, self.amateur[depth], self.vocab, self.alpha,
-                                                 self.beta, self.temp)
+                                                 self.beta, self.temp, self.tau)
         if depth not in self.seen:
             # what the evidence shows: the contrast as a distribution even at temperature 0
             self.seen[depth] = {"contrast": torch.softmax(score / (self.temp or 1.0), -1),
                                 "expert": torch.softmax(logits.float().cpu(), -1),
-                                "amateur": torch.softmax(self.amateur[depth].float().cpu(), -1),
+                                "amateur": torch.softmax(self.amateur[depth].float().cpu() / self.tau, -1),
                                 "pick": int(torch.argmax(score)), "plausible": plausible}
         return probs.to(logits.device)
 
