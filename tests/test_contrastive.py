@@ -194,6 +194,27 @@ def ref_cfg(model, prompt: list[int], n: int, gamma: float, negative: list[int] 
     return out
 
 
+def test_cfg_with_a_temperature_samples_the_guided_distribution(handles, tok):
+    h, gamma, temp = handles["gpt2_8"], 1.5, 0.8
+    prompt = ids_of(tok, PROMPTS[3])
+    out, steps, view, _ = run_ids(h, "cfg", prompt, N, {"guidance_scale": gamma, "temperature": temp}, seed=3)
+    assert view.forwards == 2 * len(out)
+    seq, neg = list(prompt), list(prompt[-1:])
+    for i, (tok_id, step) in enumerate(zip(out, steps)):
+        c = torch.log_softmax(forward(h.model, seq)[0], -1)
+        u = torch.log_softmax(forward(h.model, neg + out[:i])[0], -1)
+        want = torch.softmax((u + gamma * (c - u)) / temp, -1)
+        d = step.evidence["dist"]
+        assert d["chosen"] == tok_id and want[tok_id] > 0
+        for t, p in zip(d["top_ids"], d["final_probs"]):
+            assert p == pytest.approx(float(want[t]), abs=1e-5)
+        seq.append(tok_id)
+    again = run_ids(h, "cfg", prompt, N, {"guidance_scale": gamma, "temperature": temp}, seed=3)[0]
+    others = {tuple(run_ids(h, "cfg", prompt, N, {"guidance_scale": gamma, "temperature": temp}, seed=s)[0])
+              for s in range(4)}
+    assert again == out and len(others) > 1
+
+
 def ref_dola(model, prompt: list[int], n: int, layers: list[int], penalty: float) -> list[int]:
     """Chuang et al. 2024: the premature layer of largest divergence from the final one,
     log q_N - log q_M over {q_N >= 0.1·max q_N}, the repetition penalty, argmax.

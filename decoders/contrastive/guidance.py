@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 import torch
 
-from decoders.ar import ARState, greedy_probs, token_loop
+from decoders.ar import ARState, draw, greedy_probs, token_loop
 from decoders.base import Context, Decoder, Float, Params, Text, lens_param, register
 from decoders.citation import arxiv
 from decoders.contrastive._common import contrast_evidence
@@ -25,7 +25,9 @@ class CFG(Decoder):
     2. u = log p(v | negative, x<t), the unconditional pass: the same model on the negative
        prompt followed by the tokens generated so far; with ``negative_prompt`` empty the
        negative is the last prompt token alone (as transformers does);
-    3. x_t = argmax of u + ``guidance_scale`` · (c - u).
+    3. x_t = argmax of g = u + ``guidance_scale`` · (c - u) at ``temperature`` 0; otherwise x_t
+       is drawn from softmax(g / ``temperature``) with the run's common random numbers (the
+       paper samples too; transformers applies its temperature after the guidance the same way).
 
     Both passes are KV-cached and both count as target forwards (two per token);
     ``guidance_scale=1`` is plain greedy decoding and runs no unconditional pass. Equals
@@ -40,6 +42,7 @@ class CFG(Decoder):
     params = Params(
         guidance_scale=Float(1.5, 0.0, 10.0, "gamma: 1 = no guidance, > 1 pushes away from the negative"),
         negative_prompt=Text("", "text the guidance pushes away from (empty = the last prompt token)"),
+        temperature=Float(0.0, 0.0, 10.0, "0 = greedy on the guided scores; else sample softmax(guided / T)"),
         logit_lens=lens_param(),
     )
     reference = "Sanchez et al. 2023, Stay on topic with Classifier-Free Guidance (ICML 2024)"
@@ -50,7 +53,7 @@ class CFG(Decoder):
 
     def run(self, ctx: Context) -> Iterator[Step]:
         view = ctx.target
-        gamma = float(ctx.params["guidance_scale"])
+        gamma, temp = float(ctx.params["guidance_scale"]), float(ctx.params["temperature"])
         text = str(ctx.params["negative_prompt"])
         negative = view.encode(text) if text else list(ctx.prompt_ids[-1:])
         if not negative:
@@ -62,15 +65,22 @@ class CFG(Decoder):
         uncond = ARState(view)
         evidence: dict[str, Any] = {}
 
+        def sampled(scores: torch.Tensor, pos: int) -> tuple[torch.Tensor, int]:
+            if temp == 0.0:
+                return greedy_probs(scores)
+            scaled = scores / temp
+            final = torch.softmax(scaled, -1)
+            return final, draw(ctx, pos, final, scaled)
+
         def pick(logits: torch.Tensor, pos: int, out: list[int]) -> tuple[torch.Tensor, int]:
             cond = torch.log_softmax(logits.float(), -1)
             if gamma == 1.0:
                 evidence.clear()
-                return greedy_probs(cond)
+                return sampled(cond, pos)
             u_logits = uncond.prefill(negative) if pos == 0 else uncond.advance(out[-1:])
             u = torch.log_softmax(u_logits.float(), -1)
             guided = gamma * (cond - u) + u
-            final, tok = greedy_probs(guided)
+            final, tok = sampled(guided, pos)
             evidence["contrast"] = contrast_evidence(
                 view, {"conditional": cond.exp(), "unconditional": u.exp(),
                        "guided": torch.softmax(guided, -1)}, tok, ctx.top_k_evidence, scores=guided)
@@ -82,4 +92,4 @@ class CFG(Decoder):
             yield step
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
-        return params["guidance_scale"] != 1.0
+        return params["guidance_scale"] != 1.0 or params["temperature"] not in (0.0, 1.0)
