@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
+from sacrebleu.metrics import BLEU, CHRF
+
 from playground.core.errors import PlaygroundError
 
 UTILITIES = ("ngram_f1", "chrf", "bleu")
-AGGREGATABLE = ("ngram_f1", "chrf")
 
 
 def ngram_f1(hyp: Sequence[int], ref: Sequence[int], max_n: int) -> float:
@@ -37,11 +38,9 @@ def ngram_f1_counts(hyp: Sequence[int], refs_by_n: Sequence[Counter], max_n: int
     return total / max_n
 
 
-def _metric(name: str):
-    try:
-        from sacrebleu.metrics import BLEU, CHRF
-    except ImportError:  # pragma: no cover - a dependency of the package
-        raise PlaygroundError("the chrf/bleu utilities need sacrebleu (pip install 'sacrebleu>=2.4')") from None
+def _metric(name: str) -> CHRF | BLEU:
+    """sacrebleu's sentence-level metric for a utility name (BLEU with effective order, as
+    sentence BLEU needs)."""
     return CHRF() if name == "chrf" else BLEU(effective_order=True)
 
 
@@ -66,34 +65,87 @@ def aggregated(name: str, hyps: Sequence[Sequence[int]], refs: Sequence[Sequence
                max_n: int) -> list[float]:
     """Each hypothesis's utility against the *average* of the references' n-gram statistics:
     one comparison per hypothesis, O(n + m) instead of O(n * m)."""
-    if name not in AGGREGATABLE:
-        raise PlaygroundError(f"reference aggregation works with the utilities {', '.join(AGGREGATABLE)}, "
-                              f"not {name!r}")
-    m = len(refs)
+    if name not in UTILITIES:
+        raise PlaygroundError(f"utility {name!r} is not one of {', '.join(UTILITIES)}")
     if name == "ngram_f1":
-        avg = []
-        for n in range(1, max_n + 1):
-            c: Counter = Counter()
-            for r in refs:
-                for g, k in token_ngrams(r, n).items():
-                    c[g] += k / m
-            avg.append(c)
+        avg = mean_bags([[token_ngrams(r, n) for n in range(1, max_n + 1)] for r in refs])
         return [ngram_f1_counts(h, avg, max_n) for h in hyps]
-    from sacrebleu.metrics.helpers import extract_all_char_ngrams
+    if name == "bleu":
+        return _aggregated_bleu(hyps, refs, decode)
+    return _aggregated_chrf(hyps, refs, decode)
 
-    chrf = _metric("chrf")
-    ref_orders = [extract_all_char_ngrams(decode(list(r)), chrf.char_order, chrf.whitespace) for r in refs]
-    mean = []
-    for k in range(chrf.char_order):
-        c = Counter()
-        for orders in ref_orders:
-            for g, v in orders[k].items():
+
+def mean_bags(bags_per_ref: Sequence[Sequence[Counter]]) -> list[Counter]:
+    """Per order, the references' mean n-gram counts (fractional)."""
+    m = len(bags_per_ref)
+    out: list[Counter] = []
+    for k in range(len(bags_per_ref[0]) if m else 0):
+        c: Counter = Counter()
+        for bags in bags_per_ref:
+            for g, v in bags[k].items():
                 c[g] += v / m
-        mean.append(c)
+        out.append(c)
+    return out
+
+
+def char_ngrams(text: str, order: int) -> list[Counter]:
+    """chrF's character n-grams of orders 1..``order``, whitespace removed (chrF's default)."""
+    line = "".join(text.split())
+    return [Counter(line[i:i + n] for i in range(len(line) - n + 1)) for n in range(1, order + 1)]
+
+
+def chrf_score(hyp_bags: Sequence[Counter], ref_bags: Sequence[Counter], beta: float) -> float:
+    """chrF_β (Popović 2015) in [0, 1] of a hypothesis's character n-grams against reference
+    counts that may be fractional: precision and recall averaged over the orders both sides
+    have, then F_β — the averaging sacrebleu 2.x's CHRF reports, which the test pins on one
+    reference through sacrebleu's public ``sentence_score``. Written here because no public
+    sacrebleu call scores against an averaged reference."""
+    prec = rec = 0.0
+    orders = 0
+    for h, r in zip(hyp_bags, ref_bags):
+        n_hyp, n_ref = sum(h.values()), sum(r.values())
+        if n_hyp > 0 and n_ref > 0:
+            match = sum(min(c, r.get(g, 0.0)) for g, c in h.items())
+            prec, rec, orders = prec + match / n_hyp, rec + match / n_ref, orders + 1
+    if not orders:
+        return 0.0
+    prec, rec = prec / orders, rec / orders
+    if prec + rec <= 0:
+        return 0.0
+    b2 = beta * beta
+    return (1 + b2) * prec * rec / (b2 * prec + rec)
+
+
+def _aggregated_chrf(hyps: Sequence[Sequence[int]], refs: Sequence[Sequence[int]], decode) -> list[float]:
+    chrf = _metric("chrf")
+    mean = mean_bags([char_ngrams(decode(list(r)), chrf.char_order) for r in refs])
+    return [chrf_score(char_ngrams(decode(list(h)), chrf.char_order), mean, chrf.beta) for h in hyps]
+
+
+def _aggregated_bleu(hyps: Sequence[Sequence[int]], refs: Sequence[Sequence[int]], decode) -> list[float]:
+    """Sentence BLEU against the references' mean word n-gram counts (the closest reference
+    length for the brevity penalty), scored by
+    sacrebleu's public ``BLEU.compute_bleu`` from those sufficient statistics (exp smoothing,
+    effective order: what ``sentence_score`` uses)."""
+    bleu = _metric("bleu")
+    order = bleu.max_ngram_order
+
+    def words(ids: Sequence[int]) -> list[str]:
+        return bleu.tokenizer(decode(list(ids)).rstrip()).split()
+
+    ref_words = [words(r) for r in refs]
+    mean = mean_bags([[token_ngrams(w, n) for n in range(1, order + 1)] for w in ref_words])
     out = []
     for h in hyps:
-        stats: list[float] = []
-        for hk, rk in zip(extract_all_char_ngrams(decode(list(h)), chrf.char_order, chrf.whitespace), mean):
-            stats.extend(chrf._get_match_statistics(hk, rk))
-        out.append(chrf._compute_f_score(stats) / 100.0)
+        w = words(h)
+        # the reference length closest to the hypothesis's (shorter on ties), as multi-reference BLEU
+        ref_len = min((abs(len(r) - len(w)), len(r)) for r in ref_words)[1] if ref_words else 0
+        correct, total = [], []
+        for n in range(1, order + 1):
+            bag = token_ngrams(w, n)
+            correct.append(sum(min(c, mean[n - 1].get(g, 0.0)) for g, c in bag.items()))
+            total.append(max(len(w) - n + 1, 0))
+        score = BLEU.compute_bleu(correct, total, len(w), ref_len, smooth_method="exp", effective_order=True,
+                                  max_ngram_order=order)
+        out.append(score.score / 100.0)
     return out

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from decoders.base import Choice, Context, Decoder, Float, Int, Params, PlaygroundError, register
+from decoders.base import Choice, Context, Decoder, Float, Int, Params, register
 from decoders.citation import Paper, arxiv
 from decoders.beam_batch import finish_reason_of
 from decoders.search._parallel import _filter_chain, _filter_knobs, iid_chooser, parallel_samples
-from decoders.search._utility import AGGREGATABLE, UTILITIES, aggregated, ngram_f1, pairwise
+from decoders.search._utility import UTILITIES, aggregated, ngram_f1, pairwise
 from playground.core.trace import Step
 
 SAMPLERS = ("sample", "epsilon")
-
-
-class MBRParams(Params):
-    """MBR knobs with the cross-check: reference aggregation needs an aggregatable utility."""
-
-    def validate(self, decoder: str, given: dict[str, Any]) -> dict[str, Any]:
-        out = super().validate(decoder, given)
-        if out["aggregation"] == "reference" and out["utility"] not in AGGREGATABLE:
-            raise PlaygroundError(f"decoder {decoder!r}: aggregation 'reference' works with the utilities "
-                                  f"{', '.join(AGGREGATABLE)}, not {out['utility']!r}")
-        return out
 
 
 @register
@@ -39,7 +28,9 @@ class MBR(Decoder):
     ``pairwise`` averages the n x m utility matrix (drawn as a heatmap with the chosen row);
     ``reference`` compares each hypothesis once with the references' averaged n-gram
     statistics (reference aggregation, DeNero et al. 2009; Vamvas & Sennrich 2024), O(n + m)
-    utility calls, for n-gram F1 and chrF. One hypothesis is returned as is.
+    utility calls, for every utility: chrF against the mean character n-gram counts, BLEU
+    against the mean word n-gram counts and the closest reference length (scored from those
+    statistics by sacrebleu's public ``BLEU.compute_bleu``). One hypothesis is returned as is.
     Simplifies: no neural utilities (COMET, BLEURT) and no pruning of the hypothesis set.
     """
 
@@ -47,7 +38,7 @@ class MBR(Decoder):
     family = "search"
     kind = "causal"
     step_kind = "beam"
-    params = MBRParams(
+    params = Params(
         num_hypotheses=Int(8, 1, 64, "hypotheses drawn (the candidates)"),
         num_references=Int(0, 0, 64, "pseudo-references drawn; 0 = the hypotheses are their own references"),
         hyp_sampler=Choice("sample", SAMPLERS, "how hypotheses are drawn: sample (the filters below) or epsilon"),
