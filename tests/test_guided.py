@@ -13,6 +13,7 @@ import torch
 from decoders.base import get_decoder
 from playground.engine import prepare
 from playground.core.errors import PlaygroundError
+from visualizers.tokens import stats_line
 
 WORDS = r"(the|and|[a-z]{2,4})( [a-z]{1,5}){1,3}[.!]?"
 
@@ -126,8 +127,6 @@ SCHEMA = {"type": "object",
 
 
 def test_a_lane_out_of_tokens_before_its_constraint_is_complete_says_so(llama_handle):
-    from visualizers.tokens import stats_line
-
     # an unbounded integer cannot be complete in 6 tokens of a quote-opened string field
     schema = json.dumps({"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"]})
     short = run(llama_handle, "greedy", "ROMEO:", 6, json_schema=schema)

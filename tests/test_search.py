@@ -4,6 +4,9 @@ draw from the model."""
 
 from __future__ import annotations
 
+import ast
+import pathlib
+
 from fractions import Fraction
 
 import pytest
@@ -14,6 +17,10 @@ from decoders.search import arithmetic_codes, cdf_interval
 from playground.engine import prepare
 from playground.core.errors import PlaygroundError
 from playground.core.models import handle_from_model
+from sacrebleu.metrics import BLEU, CHRF
+
+import decoders.search._utility as utility_module
+from decoders.search._utility import aggregated
 
 PROMPTS = ["ROMEO: But soft", "JULIET: O Romeo", "To be, or not to be"]
 N = 8  # new tokens per beam test: enough for hypotheses to finish, cheap on two busy cores
@@ -352,10 +359,6 @@ def test_mbr_aggregated_against_several_references_is_the_mean_statistics():
     """Against several references, chrF and BLEU score the mean n-gram counts: equal references
     give the single-reference score, and a hypothesis equal to one of two references scores
     between that reference's score (1) and the other's."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    from decoders.search._utility import aggregated
-
     texts = {1: "the quick brown fox jumps over the lazy dog", 2: "a slow green turtle walks under a busy bridge",
              3: "the quick brown cat sleeps"}
     dec = lambda ids: " ".join(texts[i] for i in ids)  # noqa: E731
@@ -368,12 +371,7 @@ def test_mbr_aggregated_against_several_references_is_the_mean_statistics():
 
 
 def test_the_utilities_use_only_sacrebleus_public_names():
-    import ast
-    import pathlib
-
-    import decoders.search._utility as utility
-
-    tree = ast.parse(pathlib.Path(utility.__file__).read_text())
+    tree = ast.parse(pathlib.Path(utility_module.__file__).read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             assert not node.attr.startswith("_"), f"private attribute {node.attr!r}"
