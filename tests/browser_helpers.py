@@ -67,14 +67,41 @@ def app(tmp_path_factory: Any) -> Iterator[App]:
 
 
 @pytest.fixture()
-def page(browser: Any, app: App) -> Iterator[Any]:
-    """A fresh browser context on the app's page, loaded (its load event filled the lanes in)."""
+def page(browser: Any, app: App, request: Any) -> Iterator[Any]:
+    """A fresh browser context on the app's page, loaded (its load event filled the lanes in).
+
+    The page's console and the app's log written during the test are attached to a failure's
+    report (a browser test that fails in CI is otherwise a bare timeout)."""
     ctx = browser.new_context(viewport=VIEW)
     p = ctx.new_page()
+    console: list[str] = []
+    p.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    p.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    log_start = Path(app.log.name).stat().st_size
+    request.node.browser_evidence = lambda: _evidence(console, app.log.name, log_start)
     p.set_default_timeout(60_000)
     open_page(p, app.url)
     yield p
     ctx.close()
+
+
+def _evidence(console: list[str], log_path: str, log_start: int, limit: int = 6_000) -> list[tuple[str, str]]:
+    """Report sections: the page's console and what the app logged since the test began."""
+    with open(log_path, errors="replace") as f:
+        f.seek(log_start)
+        log = f.read()
+    return [("browser console", "\n".join(console)[-limit:] or "(nothing)"), ("app log", log[-limit:] or "(nothing)")]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """Attach :func:`_evidence` to a browser test's failed call."""
+    rep = yield
+    evidence = getattr(item, "browser_evidence", None)
+    if rep.when == "call" and rep.failed and evidence is not None:
+        for title, text in evidence():
+            rep.sections.append((title, text))
+    return rep
 
 
 def lane_text(page: Any, k: int) -> str:
