@@ -20,6 +20,7 @@ from typing import Any
 from playground.core.errors import PlaygroundError
 
 MAX_WATCH = 16  # watched tokens per run (each costs every step a few numbers)
+MAX_WATCH_CHARS = 64  # characters in one watched item (a word or a short phrase)
 
 
 def watch_items(watch: Any) -> list[int | str]:
@@ -27,17 +28,36 @@ def watch_items(watch: Any) -> list[int | str]:
     if watch is None:
         return []
     if isinstance(watch, str):
-        return [w for w in watch.split(",") if w.strip()]
+        # sized before it is split: a page field or an API call may send any length
+        if len(watch) > MAX_WATCH * (MAX_WATCH_CHARS + 1):
+            raise PlaygroundError(f"watch: {len(watch)} characters; at most {MAX_WATCH} items of "
+                                  f"{MAX_WATCH_CHARS} characters")
+        watch = [w for w in watch.split(",") if w.strip()]
     if not isinstance(watch, (list, tuple)):
         raise PlaygroundError(f"watch must be a list of words or token ids, got {type(watch).__name__}")
+    if len(watch) > MAX_WATCH:
+        raise PlaygroundError(f"watch: {len(watch)} items; at most {MAX_WATCH} per run")
     out: list[int | str] = []
     for w in watch:
         if isinstance(w, bool) or not isinstance(w, (int, str)):
-            raise PlaygroundError(f"watch: each item must be a word or a token id, got {w!r}")
+            raise PlaygroundError(f"watch: each item must be a word or a token id, got {type(w).__name__}")
         if isinstance(w, str) and not w.strip():
             raise PlaygroundError("watch: an item is empty")
+        if isinstance(w, str) and len(w) > MAX_WATCH_CHARS:
+            raise PlaygroundError(f"watch: an item has {len(w)} characters; at most {MAX_WATCH_CHARS}")
         out.append(w)
     return out
+
+
+def watch_text(items: Any) -> str:
+    """``items`` (as :func:`watch_items` reads them) as the page's one-line field shows them:
+    comma-separated, token ids as ``#id``, spaces kept, so reading the text back gives the
+    same items (a stored session refills the field with what its run watched)."""
+    try:
+        parsed = watch_items(items)
+    except PlaygroundError:
+        return ""
+    return ",".join(f"#{w}" if isinstance(w, int) else w for w in parsed)
 
 
 def resolve_watch(handle: Any, watch: Any) -> list[dict[str, Any]]:
@@ -71,4 +91,4 @@ def resolve_watch(handle: Any, watch: Any) -> list[dict[str, Any]]:
     return entries
 
 
-__all__ = ["MAX_WATCH", "resolve_watch", "watch_items"]
+__all__ = ["MAX_WATCH", "MAX_WATCH_CHARS", "resolve_watch", "watch_items", "watch_text"]

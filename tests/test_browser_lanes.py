@@ -192,3 +192,23 @@ def test_share_before_any_run_says_there_is_nothing_to_share(page):
     p.click("#share")
     p.get_by_text("nothing to share yet").first.wait_for(state="visible", timeout=30_000)
     assert p.locator("#share-link textarea, #share-link input").first.input_value() == ""
+
+
+def test_watched_tokens_typed_in_the_page_are_drawn_and_stored(page, app):
+    p = page
+    load_preset(p, PRESET)
+    box = p.locator("#watch textarea, #watch input").first
+    box.fill("#7, #19")
+    box.press("Tab")
+    set_number(p, "#max-new-tokens input", "6")
+    before = session_count(app)
+    p.click("#run")
+    wait_idle(p)
+    wait_saved(app, before)
+    s = newest_session(app)
+    assert s["settings"]["watch"] == ["#7", " #19"]
+    assert all([e["token"] for e in run["watch"]] == [7, 19] for run in s["runs"])
+    # the greedy lane's inspector draws the watched tokens' plot
+    p.wait_for_function("() => [...document.querySelectorAll('#inspect-1 .js-plotly-plot')]"
+                        ".some((el) => el.innerText.includes('Watched tokens') || "
+                        "[...el.querySelectorAll('text')].some((t) => t.textContent.includes('Watched tokens')))")

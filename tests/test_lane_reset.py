@@ -104,6 +104,16 @@ def test_a_knob_edit_clears_its_lane_in_the_same_event(demo, page, ran):
     assert {c._id for c in up if c is not marker} <= want
 
 
+def test_enter_or_leaving_a_knob_box_after_its_edit_changes_nothing(demo, page, ran):
+    """A knob's Enter and blur send its value again (a second chance for an edit lost in a
+    burst of re-renders); where the lane holds that value already, nothing is cleared."""
+    spec = st.decoder_spec("top_p")["params"]["p"]
+    held = {**st.default_knobs("top_p"), "p": 0.5}
+    assert page.config.on_knob(1, object(), "p", spec, 0.5, held, "top_p", ran[page.traces], 3) == {}
+    up = page.config.on_knob(1, object(), "p", spec, 0.6, held, "top_p", ran[page.traces], 3)
+    assert up[page.lanes[1].knobs]["p"] == 0.6 and is_cleared(up[page.traces][1])
+
+
 def test_a_lane_model_or_draft_change_clears_that_lane(demo, page, ran):
     up = page.config.on_lane_setup(2, "greedy", ran[page.traces], 3)
     for comp in (page.lanes[2].model, page.lanes[2].draft):

@@ -11,7 +11,7 @@ from playground.ui.page_session import FrameFlow
 
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
 
-CONTRACT_IDS = ["model", "prompt", "seed", "max-new-tokens", "preset", "run", "stop", "step", "share",
+CONTRACT_IDS = ["model", "prompt", "watch", "seed", "max-new-tokens", "preset", "run", "stop", "step", "share",
                 "share-link"] + [f"lane-{k}{s}" for k in (1, 2) for s in ("", "-decoder", "-output", "-stats")]
 
 

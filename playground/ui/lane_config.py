@@ -63,11 +63,14 @@ class LaneHandlers:
                                               key=f"lane-{k}-{decoder}-{name}", interactive=True)
                     # .input (user edits only): a freshly rendered control reports nothing, so
                     # a re-render never races its predecessor's events. One event holds the
-                    # value and clears the lane's run (its setup changed).
-                    comp.input(partial(self.on_knob, k - 1, comp, name, p),
-                               inputs=[comp, ui.knobs, ui.decoder, self.ui.traces, self.ui.lane_count],
-                               outputs=[ui.knobs, ui.info, comp, self.ui.status] + self.ui.lane_reset_outputs(k - 1),
-                               show_progress="hidden", trigger_mode="always_last")
+                    # value and clears the lane's run (its setup changed). Enter and leaving the
+                    # box send the value again: an edit made while the page was still busy
+                    # with a burst of re-renders (a preset re-renders every lane) was seen to
+                    # be lost, and holding the value twice changes nothing.
+                    gr.on(_edit_triggers(comp), nothing_is_skip(partial(self.on_knob, k - 1, comp, name, p)),
+                          inputs=[comp, ui.knobs, ui.decoder, self.ui.traces, self.ui.lane_count],
+                          outputs=[ui.knobs, ui.info, comp, self.ui.status] + self.ui.lane_reset_outputs(k - 1),
+                          show_progress="hidden", trigger_mode="always_last")
 
     # ================================================================== events
     def wire_config(self, demo: gr.Blocks) -> None:
@@ -95,9 +98,14 @@ class LaneHandlers:
         # + Lane clears the lane it brings back (it may still show an older run), − Lane
         # drops the hidden lane's run from the traces and the inspector.
         self.ui.add_btn.click(self.on_add, [self.ui.lane_count, self.ui.model, self.ui.model_path, self.ui.traces],
-                           _unique(count_outputs + lane_setup + self.ui.result_outputs()), show_progress="hidden")
+                           _unique(count_outputs + lane_setup + self.ui.result_outputs()), show_progress="hidden",
+                           trigger_mode="always_last")
+        # always_last, not Gradio's default "once": a second click while the first is still on
+        # its way was dropped (two quick − Lane clicks removed one lane); deferred, it runs on
+        # the count the first one left.
         self.ui.remove_btn.click(self.on_remove, [self.ui.lane_count, self.ui.traces],
-                              count_outputs + self.ui.comparison_outputs(), show_progress="hidden")
+                              count_outputs + self.ui.comparison_outputs(), show_progress="hidden",
+                              trigger_mode="always_last")
         for j, ui in enumerate(self.ui.lanes):
             setup_out = [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model]
             ui.decoder.input(partial(self.on_lane_decoder, j), [ui.decoder, self.ui.model, ui.model, ui.draft,
@@ -143,6 +151,8 @@ class LaneHandlers:
         }
         if "metric" in page:
             up[self.ui.metric] = page["metric"]
+        if "watch" in page:  # a stored session's watched tokens; a preset leaves the field as typed
+            up[self.ui.watch] = page["watch"]
         up.update(mo.option_updates(self.ui, page))
         for j, ui in enumerate(self.ui.lanes):
             if j < len(lanes):
@@ -230,7 +240,11 @@ class LaneHandlers:
                 knobs: dict[str, Any] | None, decoder: str, traces: list[dict[str, Any]] | None,
                 n: Any) -> dict[Any, Any]:
         """A knob control ``comp`` of lane ``j`` was edited: the value held as typed
-        (:func:`_set_knob`) and the lane cleared."""
+        (:func:`_set_knob`) and the lane cleared; nothing when the control shows the value the
+        lane holds already."""
+        held = knobs if isinstance(knobs, dict) else {}
+        if name in held and held[name] == value:
+            return {}  # the value held already (Enter or leaving the box after the edit was held)
         ui = self.ui.lanes[j]
         new, info, control = _set_knob(name, spec, value, knobs, decoder)
         return {ui.knobs: new, ui.info: info, comp: control,
@@ -383,6 +397,12 @@ def _set_knob(name: str, spec: dict[str, Any], value: Any, knobs: dict[str, Any]
     new = {**(knobs or {}), name: value}
     err = st.knob_error(decoder, name, value) if st.decoder_spec(decoder) else None
     return new, st.decoder_info_md(decoder, new), gr.update(info=st.knob_info(spec, err) or None)
+
+
+def _edit_triggers(comp: Any) -> list[Any]:
+    """The events by which a knob control reports the user's edit: its input, and where the
+    control has them, Enter (submit) and leaving it (blur)."""
+    return [comp.input] + [getattr(comp, e) for e in ("submit", "blur") if hasattr(comp, e)]
 
 
 def _unique(comps: list[Any]) -> list[Any]:

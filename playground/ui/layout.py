@@ -23,6 +23,7 @@ from playground.ui.model_options import build_controls as build_model_options
 from playground.ui.model_options import option_outputs
 from playground.ui.page_js import page_js
 from playground.ui.scrubber import Scrubber
+from playground.watch import MAX_WATCH
 
 STEP_SLOTS = visualizers.MAX_STEP_PLOTS  # most figures step_figures returns for one step kind
 RUN_SLOTS = visualizers.MAX_RUN_PLOTS  # most figures run_figures returns for one trace
@@ -82,6 +83,10 @@ class Layout:
             with gr.Column(scale=5, min_width=320):
                 self.prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="prompt",
                                          value=st.EXAMPLE_PROMPTS[0])
+                self.watch = gr.Textbox(label="Watch tokens", max_lines=1, elem_id="watch",
+                                        placeholder="e.g. Romeo, #42",
+                                        info=f"words or #token ids, comma-separated (at most {MAX_WATCH}): every "
+                                             "step of every lane records their probability and rank")
                 self.examples = gr.Examples([[p] for p in st.EXAMPLE_PROMPTS], inputs=[self.prompt],
                                             label="Example prompts", examples_per_page=6)
             with gr.Column(scale=3, min_width=260):
@@ -208,7 +213,7 @@ class Layout:
         """Everything that shows a lane configuration (apply a preset or a stored session)."""
         out: list[Any] = [self.model, self.model_path, self.prompt, self.seed, self.max_new, self.policy,
                           self.metric, self.lane_count, self.preset_state, self.preset_info, self.add_btn,
-                          self.remove_btn, *option_outputs(self)]
+                          self.remove_btn, self.watch, *option_outputs(self)]
         for ui in self.lanes:
             out += [ui.column, ui.decoder, ui.model, ui.draft, ui.info, ui.knobs, ui.nonce]
         return out

@@ -23,6 +23,7 @@ from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.presets import list_presets, load_preset
 from playground.ui.model_options import check_remote_code
+from playground.watch import watch_text
 
 
 MAX_LANES = 6
@@ -387,11 +388,12 @@ def with_options(lanes: list[LaneConfig], chat: bool = False, system_prompt: str
 
 
 def lane_request(cfg: LaneConfig, page_model: str, prompt: str, seed: int, max_new_tokens: int,
-                 lane: int | None = None) -> dict[str, Any]:
+                 lane: int | None = None, watch: list[int | str] | None = None) -> dict[str, Any]:
     """The keyword arguments of ``engine.prepare`` for one lane (checked by :func:`check_lane`),
-    with the page's model options. A model that needs its own code while the page did not opt
-    in is refused here in one line that says to tick the opt-in (read from its local config, no
-    load)."""
+    with the page's model options and the page's watched tokens (``watch``, items as
+    :func:`playground.watch.watch_items` reads them). A model that needs its own code while the
+    page did not opt in is refused here in one line that says to tick the opt-in (read from its
+    local config, no load)."""
     cfg = check_lane(cfg, lane)
     model = cfg.model or page_model
     try:
@@ -402,7 +404,7 @@ def lane_request(cfg: LaneConfig, page_model: str, prompt: str, seed: int, max_n
             "max_new_tokens": int(max_new_tokens), "seed": int(seed), "draft": cfg.draft,
             "params": dict(cfg.params), "chat": bool(cfg.chat),
             "system_prompt": cfg.system_prompt if cfg.chat else None,
-            "trust_remote_code": bool(cfg.trust_remote_code)}
+            "trust_remote_code": bool(cfg.trust_remote_code), **({"watch": list(watch)} if watch else {})}
 
 
 def _knob_text(name: str, v: Any) -> str:
@@ -556,16 +558,18 @@ def preset_page(name: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------- sessions
 def session_settings(model: str, seed: int, max_new_tokens: int, policy: str, metric: str,
                      lanes: list[LaneConfig], preset: str | None = None,
-                     outcome: dict[str, Any] | None = None) -> dict[str, Any]:
+                     outcome: dict[str, Any] | None = None, watch: list[int | str] | None = None) -> dict[str, Any]:
     """The settings stored with a session (what the page needs to show it again): with chat
     on, ``chat`` and ``system_prompt`` too (the lanes' options, page-wide; the remote-code
     opt-in is not stored, so a replay never opts its viewer in to a model's code); with
     ``outcome`` (``playground.store.run_outcome``: stopped, failed lanes) that too, for the
-    Sessions list's markers."""
+    Sessions list's markers; with watched tokens, ``watch`` (the items as typed)."""
     out = {"seed": int(seed), "max_new_tokens": int(max_new_tokens), "policy": policy, "metric": metric,
            "preset": preset or None, "lanes": [c.to_dict() for c in lanes], "page_model": model}
     if outcome is not None:
         out["outcome"] = dict(outcome)
+    if watch:
+        out["watch"] = list(watch)
     chat = next((c for c in lanes if c.chat), None)
     if chat is not None:
         out["chat"] = True
@@ -598,12 +602,22 @@ def session_page(session: dict[str, Any]) -> dict[str, Any]:
         system = next((t.get("system_prompt") for t in runs if isinstance(t, dict) and t.get("system_prompt")), None)
     system = system if chat and isinstance(system, str) and system.strip() else None
     lanes = with_options(lanes, chat, system)
-    return {"chat": chat, "system_prompt": system or "", "title": session.get("title", ""), "model": settings.get("page_model") or session.get("model", ""),
+    return {"chat": chat, "system_prompt": system or "", "watch": _stored_watch(settings, runs), "title": session.get("title", ""), "model": settings.get("page_model") or session.get("model", ""),
             "prompt": session.get("prompt", ""), "seed": _int(settings.get("seed"), _int(first.get("seed"), 0)),
             "max_new_tokens": _int(settings.get("max_new_tokens"), max(1, _int((first.get("stats") or {}).get("new_tokens"), 48))),
             "policy": settings.get("policy") if settings.get("policy") in dict(POLICY_CHOICES).values() else "forwards",
             "metric": settings.get("metric") if settings.get("metric") in dict(METRIC_CHOICES).values() else "auto",
             "lanes": lanes[:MAX_LANES], "runs": list(runs)[:MAX_LANES]}
+
+
+def _stored_watch(settings: dict[str, Any], runs: list[Any]) -> str:
+    """The watch field of a stored session: the items its settings keep, else (a session the
+    API saved) the token ids its first trace watched."""
+    if settings.get("watch"):
+        return watch_text(settings["watch"])
+    first = runs[0] if runs and isinstance(runs[0], dict) else {}
+    entries = first.get("watch") if isinstance(first.get("watch"), list) else []
+    return watch_text([e["token"] for e in entries if isinstance(e, dict) and isinstance(e.get("token"), int)])
 
 
 def _int(x: Any, default: int) -> int:

@@ -42,6 +42,7 @@ from playground.hosting import gpu, model_event_settings
 from playground.ownership import owner_id
 from playground.runner import Lane, Runner, pending_trace
 from playground.store import default_store, lane_failed, run_outcome
+from playground.watch import watch_items
 from playground.ui.events import nothing_is_skip
 from playground.ui.html import empty_output, one_line, stats_html, status_html
 from playground.ui.inspector import InspectorHandlers, PlotPacer
@@ -106,6 +107,7 @@ class RunRequest:
     lanes: list[st.LaneConfig]
     owner_key: str | None
     flag: str  # "flow:<run token>" from a page whose script reads the live feed
+    watch: Any = None  # the watch field as sent (checked by on_run with watch_items)
 
     @property
     def wants_flow(self) -> bool:
@@ -115,13 +117,15 @@ class RunRequest:
 
 def read_run_inputs(ui: Layout, args: tuple[Any, ...]) -> RunRequest:
     """The Run event's input values as a :class:`RunRequest`: page settings, four values per
-    lane (only the first ``lane_count`` lanes count), the model options, the owner key, and
-    last the flow flag."""
+    lane (only the first ``lane_count`` lanes count), the model options, then the watch field,
+    the owner key and last the flow flag (read from the end: a caller may send only the flag,
+    or the owner key and the flag)."""
     (model, model_path, prompt, seed, max_new, policy, metric, lane_count, preset) = args[:9]
     lane_args = args[9: 9 + 4 * ui.max_lanes]
     options, tail = split_options(ui, tuple(args[9 + 4 * ui.max_lanes:]))
-    owner_key = tail[0] if len(tail) > 1 else None
     flag = str(tail[-1]) if tail and tail[-1] else ""
+    owner_key = tail[-2] if len(tail) > 1 else None
+    watch = tail[-3] if len(tail) > 2 else None
     n = max(1, min(int(lane_count or 2), ui.max_lanes))
     lanes = []
     for j in range(n):
@@ -132,7 +136,7 @@ def read_run_inputs(ui: Layout, args: tuple[Any, ...]) -> RunRequest:
     lanes = st.with_options(lanes, **page_options(*options))
     return RunRequest(page_model=(model_path or "").strip() or (model or "").strip(), prompt=prompt, seed=seed,
                       max_new=max_new, policy=policy, metric=metric, preset=preset, lanes=lanes,
-                      owner_key=owner_key, flag=flag)
+                      owner_key=owner_key, flag=flag, watch=watch)
 
 
 @dataclass
@@ -166,6 +170,7 @@ class RunHandlers:
         for ui in self.ui.lanes:
             run_inputs += [ui.decoder, ui.knobs, ui.draft, ui.model]
         run_inputs += option_inputs(self.ui)  # chat, system prompt, remote-code opt-in (model_options)
+        run_inputs.append(self.ui.watch)  # the tokens every lane watches (playground/watch.py)
         run_inputs.append(self.ui.owner_key)  # the saved session is this browser's (ownership.py)
         # The last input is the flow flag: FLOW_JS sets it to "flow:<run token>" in a page that
         # acknowledges the frames it draws and reads the live feed (the hidden run token box only
@@ -205,6 +210,7 @@ class RunHandlers:
         req = read_run_inputs(self.ui, args)
         try:
             seed_i, mnt = st.check_page(req.page_model, req.prompt, req.seed, req.max_new, req.lanes)
+            req.watch = watch_items(req.watch)
             _check_models_allowed()
         except PlaygroundError as e:
             gr.Warning(str(e))
@@ -219,7 +225,7 @@ class RunHandlers:
         run = self._open_run(req, key)
         yield self._first_frame(req, run)
         page.selected = None
-        stream = page_race(req.page_model, req.prompt, seed_i, mnt, req.policy, req.lanes, page)
+        stream = page_race(req.page_model, req.prompt, seed_i, mnt, req.policy, req.lanes, page, req.watch)
         try:
             yield from self._stream_frames(stream, req, run, page)
         except Busy as e:  # another Run of this page got there first: leave it alone
@@ -357,7 +363,7 @@ class RunHandlers:
             title = st.session_title(req.lanes, pre["title"] if pre and [c.decoder for c in pre["lanes"]] ==
                                      [c.decoder for c in req.lanes] else None)
             settings = st.session_settings(req.page_model, seed, max_new_tokens, req.policy, req.metric,
-                                           req.lanes, req.preset, run_outcome(traces, stopped))
+                                           req.lanes, req.preset, run_outcome(traces, stopped), req.watch)
             sid = default_store().save_session(title, req.page_model, req.prompt, settings, traces,
                                                owner=owner_id(req.owner_key))
             return sid, " Saved — press Share for a link."
@@ -447,15 +453,17 @@ class RunHandlers:
 
 # ---------------------------------------------------------------------- the model work
 def _page_race_impl(model: str, prompt: str, seed: int, max_new_tokens: int, policy: str,
-                    lanes: list[st.LaneConfig], page: PageSession) -> Iterator[tuple[str, Any]]:
-    """Start the comparison's worker and stream its snapshots at the page's cadence.
+                    lanes: list[st.LaneConfig], page: PageSession,
+                    watch: list[int | str] | None = None) -> Iterator[tuple[str, Any]]:
+    """Start the comparison's worker and stream its snapshots at the page's cadence; every
+    lane watches the tokens ``watch`` names (``playground/watch.py``).
 
     Yields ("runner", runner) once, then ("snapshots", [trace dict per lane]) at most
     ``STREAM_RATE`` times per second while something changed, and a final one. Raises
     :class:`Busy` when this page already runs a comparison, and PlaygroundError
     when no lane could start, all for the same page-level reason.
     """
-    runner = Runner([Lane(label=cfg.decoder, prepare=_preparer(cfg, model, prompt, seed, max_new_tokens),
+    runner = Runner([Lane(label=cfg.decoder, prepare=_preparer(cfg, model, prompt, seed, max_new_tokens, watch),
                           stub=pending_trace(cfg.decoder, cfg.model or model, prompt, cfg.params, seed))
                      for cfg in lanes], policy=policy, rate=FLOOR_RATE if STREAM_RATE > 0 else 0)
     key = page.key
@@ -486,11 +494,12 @@ def _page_race_impl(model: str, prompt: str, seed: int, max_new_tokens: int, pol
         page.release(runner)
 
 
-def _preparer(cfg: st.LaneConfig, model: str, prompt: str, seed: int, max_new_tokens: int) -> Callable[[], Any]:
+def _preparer(cfg: st.LaneConfig, model: str, prompt: str, seed: int, max_new_tokens: int,
+              watch: list[int | str] | None = None) -> Callable[[], Any]:
     """A callable that builds lane ``cfg``'s run (in the lane's own preparation thread)."""
     def build() -> Any:
         # lane_request refuses a knob out of range or a missing draft: that lane fails, not the page
-        return prepare(**st.lane_request(cfg, model, prompt, seed, max_new_tokens))
+        return prepare(**st.lane_request(cfg, model, prompt, seed, max_new_tokens, watch=watch))
 
     return build
 
