@@ -116,14 +116,14 @@ def _ymax(*series: list[float | None]) -> float:
 
 
 @run_plot("Entropy and probability", kind="token", order=10)
-@run_plot("Confidence over steps", kind="denoise", order=30)
 @run_plot("Beam scores", kind="beam", order=10)
 @run_plot("Jacobi convergence", kind="jacobi", order=10)
 def timeline_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     """The run as a line: entropy and chosen-token probability per step (token steps).
 
     Denoise traces show the mean confidence and entropy of the positions each step
-    committed; beam traces the best and worst beam score; Jacobi traces the converged
+    committed (drawn on request: the page's denoise run plot is :mod:`visualizers.why_now`,
+    every position's score until its commit); beam traces the best and worst beam score; Jacobi traces the converged
     prefix. ``step`` (optional) draws the scrubber's position.
     """
     steps = steps_of(trace)
