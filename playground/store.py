@@ -63,6 +63,8 @@ from playground.store_vocab import vocab_bound
 EXPORT_FORMAT = "decoder-playground-session"
 EXPORT_VERSION = 1
 MAX_TITLE_CHARS = 200
+MAX_EXPLANATIONS = 32  # attributions kept per session (settings.explanations)
+MAX_EXPLANATION_BYTES = 200_000  # one attribution as JSON (a 1,024-token context is ~60 kB)
 # A leading '-' would read as an option on the command line, so ids start with a letter or digit.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{31}")
 _BUSY_TIMEOUT_MS = 30_000
@@ -490,6 +492,34 @@ class Store:
             conn.execute("DELETE FROM runs WHERE session_id = ?", (sid,))
             if conn.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount == 0:
                 raise PlaygroundError(f"no session with id {sid}")
+
+        self._write(tx)
+
+    def add_explanation(self, sid: str, key: str, result: dict[str, Any], owned_by: str | None = None) -> None:
+        """Keep an attribution computed for one of the session's tokens (the Explain panel) in
+        its settings, under ``settings.explanations[key]``, so a replay shows it without the
+        model; with ``owned_by``, only if that owner id made the session. At most
+        :data:`MAX_EXPLANATIONS` per session (the oldest goes first)."""
+        _check_id(sid)
+        if not isinstance(key, str) or not key or len(key) > 200:
+            raise PlaygroundError("an explanation needs a short key")
+        blob = json.dumps(result)
+        if len(blob) > MAX_EXPLANATION_BYTES:
+            raise PlaygroundError(f"the explanation is {len(blob)} bytes; at most {MAX_EXPLANATION_BYTES} are kept")
+
+        def tx(conn: sqlite3.Connection) -> None:
+            self._check_owned(conn, sid, owned_by)
+            row = conn.execute("SELECT settings FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if row is None:
+                raise PlaygroundError(f"no session with id {sid}")
+            settings = json.loads(row[0])
+            kept = settings.get("explanations") if isinstance(settings.get("explanations"), dict) else {}
+            kept.pop(key, None)
+            kept[key] = json.loads(blob)
+            while len(kept) > MAX_EXPLANATIONS:
+                kept.pop(next(iter(kept)))
+            settings["explanations"] = kept
+            conn.execute("UPDATE sessions SET settings = ? WHERE id = ?", (json.dumps(settings), sid))
 
         self._write(tx)
 

@@ -68,3 +68,28 @@ def test_click_a_token_pick_another_branch_and_see_the_branch_beside_its_parent(
     p.click("#share")
     p.wait_for_function("() => document.querySelector('#share-link textarea, #share-link input').value"
                         f".includes('session={newest['id']}')")
+
+
+def test_click_a_token_explain_it_and_see_the_heatmap_over_its_context(page, app):
+    p = page
+    load_preset(p, PRESET)
+    box = p.locator("#max-new-tokens input").first
+    box.fill("6")
+    box.press("Enter")
+    p.click("#run")
+    wait_idle(p)
+    p.locator("#lane-1-output .tok").nth(AT).click()
+    p.locator("#explain-panel").get_by_text("Explain: which earlier tokens").click()
+    p.wait_for_function("() => { const w = document.querySelector('#explain-where .branch-where');"
+                        f" return w && w.dataset.lane === '0' && w.dataset.step === '{AT}'; }}")
+    p.locator("#explain-method").get_by_text("gradient × input").click()
+    p.click("#explain-run")
+    p.wait_for_function("() => document.querySelector('#explain-status').innerText.includes('stored')"
+                        " || !!document.querySelector('#explain-status .pg-status-error')", timeout=180_000)
+    status = p.locator("#explain-status").inner_text()
+    assert "stored with the session" in status, status
+    # one shaded span per context token: the prompt's and the AT tokens generated before the step
+    spans = p.locator("#explain-result .attr-tok").count()
+    prompt_tokens = p.evaluate("() => document.querySelectorAll('#explain-result .attr-split').length")
+    assert prompt_tokens == 1 and spans > AT
+    assert "gradient × input" in p.locator("#explain-result .attr-head").inner_text()

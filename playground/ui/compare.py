@@ -44,6 +44,7 @@ import gradio as gr
 
 from playground.ui.align import wire_align
 from playground.ui.branch_panel import BranchPanel
+from playground.ui.explain_panel import ExplainPanel
 from playground.ui.inspector import InspectorHandlers
 from playground.ui.lane_config import LaneHandlers
 from playground.ui.layout import LaneUI, Layout
@@ -69,6 +70,7 @@ class ComparePage(Layout):
         self.run = RunHandlers(self, sessions, self.inspector, self.config)
         self.replay = ReplayHandlers(self, sessions, self.config, self.inspector)
         self.branch = BranchPanel(self, self.config.open_session)
+        self.explain = ExplainPanel(self)
         # lane configuration
         self.on_preset, self.on_model = self.config.on_preset, self.config.on_model
         self.on_budget = self.config.on_budget
@@ -88,7 +90,12 @@ class ComparePage(Layout):
 
     def build(self) -> None:  # type: ignore[override]  (the page knows its own knob render and branch panel)
         """Create the components."""
-        super().build(knob_render=self.config.knob_render, build_branch=self.branch.build)
+        super().build(knob_render=self.config.knob_render, build_branch=self.build_panels)
+
+    def build_panels(self) -> None:
+        """The inspector's panels above its columns: Branch, then Explain."""
+        self.branch.build()
+        self.explain.build()
 
     def wire(self, demo: gr.Blocks) -> None:
         """Attach every event of the page (``api_endpoints.hide_ui_events`` hides them from the
@@ -98,6 +105,7 @@ class ComparePage(Layout):
         self.run.wire_run(demo)
         self.inspector.wire_inspector(demo)
         self.branch.wire(demo)
+        self.explain.wire(demo)
         self.inspector.wire_metric(demo)
         self.run.wire_share(demo)
         self.replay.wire_load(demo)
