@@ -213,7 +213,7 @@ LENS_TOP = 5  # tokens the logit lens records per layer
 
 
 def lens_evidence(view: Any, hidden: Sequence[torch.Tensor] | None, logits: torch.Tensor, chosen: int,
-                  k: int = LENS_TOP) -> dict[str, Any]:
+                  k: int = LENS_TOP, pinned: Sequence[int] = ()) -> dict[str, Any]:
     """The ``lens`` field of a token step: what each layer's hidden state predicts.
 
     ``hidden`` are the forward's hidden states (embeddings, then after each decoder layer);
@@ -222,7 +222,9 @@ def lens_evidence(view: Any, hidden: Sequence[torch.Tensor] | None, logits: torc
     ``logits``: transformers returns the last hidden state already normed, and the final
     layer through the norm and head *is* the model's output, so the lens ends exactly on the
     step's raw distribution. Records per layer the top ``k`` tokens and their probabilities,
-    and the chosen token's probability and rank.
+    and the chosen token's probability and rank; with ``pinned`` token ids (the run's watched
+    tokens), each one's probability and rank per layer too (``pinned: {id: {"probs", "ranks"}}``),
+    so a reader can follow a token of their choice through the layers.
     """
     if not hidden:
         raise PlaygroundError(f"model {getattr(view, 'name', '?')!r} returns no hidden states; "
@@ -234,6 +236,12 @@ def lens_evidence(view: Any, hidden: Sequence[torch.Tensor] | None, logits: torc
     probs = torch.stack(rows)
     top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
     p_chosen = probs[:, int(chosen)]
+    extra: dict[str, Any] = {}
+    ids = [int(t) for t in pinned if 0 <= int(t) < probs.shape[-1]]
+    if ids:
+        # one token at a time: a layers x pinned x vocabulary comparison is large for a real model
+        extra["pinned"] = {str(t): {"probs": [float(f"{float(p):.4g}") for p in probs[:, t]],
+                                    "ranks": (probs > probs[:, t:t + 1]).sum(-1).tolist()} for t in ids}
     return {
         "layers": list(range(len(probs))),
         "top_ids": top.indices.tolist(),
@@ -243,6 +251,7 @@ def lens_evidence(view: Any, hidden: Sequence[torch.Tensor] | None, logits: torc
         "chosen_probs": [round(float(p), 6) for p in p_chosen],
         # rank = how many tokens are strictly more probable (0 = top), as dist_evidence counts it
         "chosen_ranks": (probs > p_chosen[:, None]).sum(-1).tolist(),
+        **extra,
     }
 
 
@@ -288,7 +297,7 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
             # a branch's forced token: the step keeps the model's distribution and what it picked
             ev["forced"] = [{"position": pos, "token": tok, "picked": picked}]
         if lens:
-            ev["lens"] = lens_evidence(ctx.target, state.hidden, logits, tok)
+            ev["lens"] = lens_evidence(ctx.target, state.hidden, logits, tok, pinned=ctx.watch)
         if row is not None:
             row.advance(tok)
             decoder.extra_stats["constraint_complete"] = row.accepting
