@@ -74,6 +74,20 @@ def test_overhead_suite_writes_its_section_to_the_given_file(tmp_path, capsys):
     assert "load average" in section
 
 
+def test_why_suite_measures_each_addition_on_against_off(tmp_path):
+    out = tmp_path / "bench.md"
+    assert main(["bench", "--suite", "why", "--quick", "--repeats", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    section = text[text.index("<!-- bench:why -->"):text.index("<!-- /bench:why -->")]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| watch") or ln.startswith("| logit lens")
+            or ln.startswith("| lens +") or ln.startswith("| sampler chain: top")]
+    assert len(rows) == 4
+    for r in rows:  # every addition makes the trace larger: off < on
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert float(cells[1]) < float(cells[2].split(" ")[0]), r
+    assert "gradient x input" in section and "integrated gradients" in section
+
+
 def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
     from playground.bench import ui
 
