@@ -16,6 +16,7 @@ from typing import Any
 import playground.hosting as hosting
 import playground.inputs as inputs
 from decoders import all_decoders
+from decoders.diffusion.fixed import fixed_text, parse_fixed
 from playground.core.errors import PlaygroundError
 from playground.core.models.chat import check_chat
 from playground.core.settings import check_lanes, limits
@@ -41,9 +42,12 @@ def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, se
     ``chat=True`` (with an optional ``system_prompt``) sends the prompt through the model's chat
     template; ``trust_remote_code=True`` lets a model's own code run (LLaDA, Dream) where
     :func:`remote_code_allowed`. ``watch=["Romeo", "#42"]``: every token step records these
-    tokens' probabilities (see ``playground/watch.py``).
+    tokens' probabilities (see ``playground/watch.py``). A diffusion decoder's ``fixed`` knob
+    (infilling) may be given as ``{position: text}`` (``decoders/diffusion/fixed.py``).
     Bad input raises :class:`playground.PlaygroundError` with a one-line message.
     """
+    if isinstance(params.get("fixed"), dict):  # knobs are JSON-shaped: the dict becomes its text form
+        params["fixed"] = fixed_text(parse_fixed(params["fixed"]))
     run = prepare(model=model, decoder=decoder, prompt=prompt, max_new_tokens=max_new_tokens,
                   seed=seed, draft=draft, params=params, stop=stop, chat=chat, force=force,
                   system_prompt=system_prompt, trust_remote_code=trust_remote_code, watch=watch)

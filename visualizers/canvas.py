@@ -115,6 +115,7 @@ def canvas_html(trace: dict[str, Any], step: int) -> str:
     st = commit_state(trace, i)
     now = set(unmasked_of(s))
     rem = set(ints(s.get("remasked")))
+    fixed = set(ints(s.get("fixed")))  # infilling: written before the first step
     blk = _block_range(s.get("block"), len(canvas))
     parts = []
     for p, tok in enumerate(canvas):
@@ -130,6 +131,12 @@ def canvas_html(trace: dict[str, Any], step: int) -> str:
                 f" · the model predicts {visible(token_text(trace, pred))} (#{pred}, confidence "
                 f"{fmt(at(s.get('confidence'), p))})" if isinstance(pred, int) else "")
             data_step = i
+        elif p in fixed:
+            text = html_token(token_text(trace, tok))
+            data_step = 0
+            cls.append("fixed")
+            style.append(f"outline:1.5px dashed {INK};outline-offset:-1.5px;border-radius:3px")
+            title = f"position {p}: {visible(token_text(trace, tok))} (#{tok}) · fixed before denoising (infilling)"
         else:
             text = html_token(token_text(trace, tok))
             data_step = st.step.get(p, i)
@@ -148,6 +155,7 @@ def canvas_html(trace: dict[str, Any], step: int) -> str:
     masks = sum(1 for t in canvas if is_masked(t, mid))
     head = (f"step {i} · {len(canvas) - masks} of {len(canvas)} positions filled · "
             f"{len(now)} committed this step" + (f" · {len(rem)} remasked" if rem else "")
+            + (f" · {len(fixed)} fixed (dashed)" if fixed else "")
             + (f" · block {blk[0]}–{blk[1]}" if blk else (f" · block {s['block']}" if isinstance(s.get("block"), int) else "")))
     return (f'<div class="canvas-view"><div class="canvas-head" style="font-size:0.85em;color:{INK};margin-bottom:4px">'
             f'{html.escape(head)}</div><div class="canvas-body" style="white-space:pre-wrap;line-height:1.7;'

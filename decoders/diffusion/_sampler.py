@@ -38,6 +38,7 @@ import torch
 from decoders.base import Context
 from decoders.diffusion._canvas import (Layout, finish, gen_logits, make_layout, new_canvas,
                                         per_position, r5, stop_set)
+from decoders.diffusion.fixed import place_fixed
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
 
@@ -85,6 +86,8 @@ class Recipe:
     prophet_mid: float = 5.0
     prophet_late: float = 2.5
     prophet_aggregate: str = "mean"
+    # infilling: "pos:text; ..." written into the canvas before the first step (decoders.diffusion.fixed)
+    fixed: str = ""
 
     def check(self) -> None:
         """Reject unknown choices (a bug in a named decoder, or a bad generic knob)."""
@@ -453,6 +456,7 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
     lay = make_layout(ctx, rc.gen_length, steps, rc.block_length, fixed_steps=rc.plan != "threshold")
     view, p0, g = ctx.target, lay.prompt_len, lay.gen_length
     x = new_canvas(ctx, lay)
+    fixed = place_fixed(ctx, rc.fixed, g, p0, x)
     commit_step = [-1] * g
     per_step: list[int] = []
     credit: Credit | None = None
@@ -463,8 +467,11 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
     ts = dream_timesteps(spb, rc.eps) if rc.plan in ("dream", "origin") else None
     for b in range(lay.num_blocks):
         s0, s1 = lay.block(b)
-        schedule = (even_schedule(s1 - s0, spb) if rc.plan == "even" else
-                    ascending_schedule(s1 - s0, spb, rc.growth) if rc.plan == "ascending" else [])
+        # LLaDA counts the block's masked positions: fixed ones are not the schedule's to fill
+        n_masked = int((x[p0 + s0:p0 + s1] == lay.mask_id).sum())
+        schedule = (even_schedule(n_masked, spb) if rc.plan == "even" else
+                    ascending_schedule(n_masked, min(spb, n_masked), rc.growth)
+                    if rc.plan == "ascending" and n_masked else [])
         i = 0
         while bool((x[p0 + s0:p0 + s1] == lay.mask_id).any()):
             ctx.check_cancel()
@@ -475,7 +482,7 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
             progress = 1.0 - pos.numel() / g
             prop = propose(ctx, rc, logits, pos, step, progress, credit, prior)
             ex = early_exit(rc, prop, step / max(lay.total_steps, 1))
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = {"fixed": fixed} if fixed else {}
             if ex is not None:
                 extra["early_exit"] = ex
             if ex is not None and ex["exit"]:
@@ -487,7 +494,7 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
                 chosen, plan_ev = select(ctx, rc, lay, prop, eligible, i, step, ts, schedule)
                 extra["plan"] = plan_ev
                 if rc.plan == "ascending":
-                    extra["schedule"] = {"planned": schedule, "even": even_schedule(s1 - s0, spb),
+                    extra["schedule"] = {"planned": schedule, "even": even_schedule(n_masked, spb),
                                          "index": i, "growth": r5(rc.growth)}
             st = denoise_step(lay, x, prop, chosen, (s0, s1), **extra)
             for p in st.evidence["unmasked"]:

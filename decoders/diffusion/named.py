@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from decoders.base import Bool, Choice, Context, Decoder, Float, Int, Params, register
 from decoders.citation import Paper, arxiv
+from decoders.diffusion.fixed import fixed_param
 from decoders.diffusion._sampler import SCHED_SHAPES, SCORES, Recipe, run_recipe
 from playground.core.trace import Step
 
@@ -74,7 +75,9 @@ class DiffusionDecoder(Decoder):
         raise NotImplementedError
 
     def run(self, ctx: Context) -> Iterator[Step]:
-        yield from run_recipe(ctx, self.recipe(ctx.params), self)
+        rc = self.recipe(ctx.params)
+        rc.fixed = ctx.params.get("fixed", "")  # every named recipe takes the infilling knob
+        yield from run_recipe(ctx, rc, self)
 
 
 @register
@@ -103,6 +106,7 @@ class LLaDA(DiffusionDecoder):
         remasking=Choice("low_confidence", ("low_confidence", "random"),
                          "which masked positions to commit: the most confident or random ones"),
         temperature=temperature(), cfg_scale=cfg_scale(), eos_penalty=eos_penalty(),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
@@ -143,6 +147,7 @@ class Dream(DiffusionDecoder):
         top_k=Int(0, 0, 1000, "keep the k most probable tokens per position (0 = off)"),
         alg_temp=Float(0.0, 0.0, 5.0, "> 0 draws the positions to commit from softmax(confidence / alg_temp)"),
         eps=Float(1e-3, 1e-5, 0.5, "the time grid ends at eps instead of 0"),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
@@ -174,6 +179,7 @@ class FastDLLM(DiffusionDecoder):
         gen_length=gen_length(), block_length=block_length(),
         threshold=Float(0.9, 0.0, 1.0, "commit positions whose confidence exceeds this; 1 = one per step"),
         temperature=temperature(), cfg_scale=cfg_scale(),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
@@ -203,6 +209,7 @@ class SchED(DiffusionDecoder):
         tau_low=Float(0.3, 0.0, 1.0, "threshold on the mean margin at the last step"),
         shape=Choice("cosine", SCHED_SHAPES, "how the threshold falls with progress"),
         temperature=temperature(),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
@@ -233,6 +240,7 @@ class Prophet(DiffusionDecoder):
         late=Float(2.5, 0.0, 100.0, "gap threshold in the last third"),
         aggregate=Choice("mean", ("mean", "min"), "how the gaps of the masked positions are combined"),
         temperature=temperature(),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
@@ -264,6 +272,7 @@ class PCSampler(DiffusionDecoder):
         calibrate=Bool(True, "divide out trivial tokens with the token prior (-log prior, clipped)"),
         clip=Float(10.0, 0.1, 50.0, "upper clip of -log prior"),
         temperature=temperature(),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
@@ -293,6 +302,7 @@ class CreditDecoding(DiffusionDecoder):
         credit_weight=Float(0.5, 0.0, 5.0, "weight of log(1 + credit) in the fused logits"),
         credit_decay=Float(0.7, 0.0, 1.0, "credit kept from one step to the next"),
         temperature=temperature(),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
@@ -344,6 +354,7 @@ class MaskedDiffusion(DiffusionDecoder):
         calibrate=Bool(False, "PC-Sampler calibration by -log token prior"),
         credit_weight=Float(0.0, 0.0, 5.0, "CreditDecoding fusion weight (0 = off)"),
         credit_decay=Float(0.7, 0.0, 1.0, "CreditDecoding credit decay"),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
