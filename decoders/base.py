@@ -212,6 +212,21 @@ class Params(dict):
 
 
 # ---------------------------------------------------------------------- run context
+def random_stream(seed: int, index: int, stream: str) -> np.random.Generator:
+    """The generator of the common random numbers of (seed, stream, index)."""
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(stream.encode()), int(index)])
+
+
+def gumbel_noise(seed: int, index: int, n: int, stream: str = "sample") -> torch.Tensor:
+    """:meth:`Context.gumbel` without a run: the noise of token ids ``0..n-1`` at position
+    ``index`` of a run with ``seed`` (the first ``m`` of them do not depend on ``n``), so a
+    recorded step's draw can be replayed on its top-K with no model (the sandbox)."""
+    u = random_stream(seed, index, f"gumbel/{stream}").random(n)
+    # u = 0 (chance 2^-53) would give -inf noise: the token could never be drawn.
+    np.maximum(u, np.finfo(np.float64).tiny, out=u)
+    return torch.from_numpy(-np.log(-np.log(u)))
+
+
 @dataclass
 class Context:
     """Everything one run of a decoder needs.
@@ -238,7 +253,7 @@ class Context:
     watch: tuple[int, ...] = ()
 
     def _rng(self, index: int, stream: str) -> np.random.Generator:
-        return np.random.default_rng([self.seed & 0xFFFFFFFF, zlib.crc32(stream.encode()), int(index)])
+        return random_stream(self.seed, index, stream)
 
     def uniform(self, index: int, stream: str = "sample") -> float:
         """A uniform in [0, 1) fixed by (seed, stream, index): common random numbers."""
@@ -256,10 +271,7 @@ class Context:
         that draws ``argmax(log p + g)`` at a position shares it (Gumbel-max coupling).
         Float64, from a stream of its own (``gumbel/<stream>``), never ``-inf``.
         """
-        u = self._rng(index, f"gumbel/{stream}").random(n)
-        # u = 0 (chance 2^-53) would give -inf noise: the token could never be drawn.
-        np.maximum(u, np.finfo(np.float64).tiny, out=u)
-        return torch.from_numpy(-np.log(-np.log(u)))
+        return gumbel_noise(self.seed, index, n, stream)
 
     def check_cancel(self) -> None:
         """Raise :class:`Cancelled` if the user pressed Stop."""

@@ -73,3 +73,20 @@ def test_watermark_tab_detects_a_watermarked_text(page):
     assert page.locator("#wm-tokens .tok.wm[data-green=true]").count() > page.locator(
         "#wm-tokens .tok.wm[data-green=false]").count()
     page.locator("#wm-z .js-plotly-plot").first.wait_for()
+
+
+def test_the_sandbox_cuts_a_typed_distribution_stage_by_stage(page):
+    page.get_by_role("tab", name="Sandbox").click()
+    page.locator("#sandbox-dist textarea").fill("the 0.4\na 0.3\nthou 0.2\nRomeo 0.1")
+    box = page.locator("#sandbox-knob-top_k input").first
+    box.fill("2")
+    page.click("#sandbox-apply")
+    page.wait_for_function("() => document.querySelector('#sandbox-status').innerText.includes('Drew')")
+    status = page.locator("#sandbox-status").inner_text()
+    assert "top_k(k=2)" in status and ("'the'" in status or "'a'" in status), status
+    page.locator("#sandbox-chain-plot .js-plotly-plot").first.wait_for()
+    assert "Romeo" in page.locator("#sandbox-chain-plot").inner_text()  # the cut token is drawn, in red
+    page.locator("#sandbox-dist textarea").fill("the")
+    page.click("#sandbox-apply")
+    page.wait_for_function("() => !!document.querySelector('#sandbox-status .pg-status-error')")
+    assert "is not 'token value'" in page.locator("#sandbox-status").inner_text()

@@ -21,6 +21,7 @@ from playground.ui.compare import ComparePage
 from playground.ui.exports import CACHE_CLEANUP
 from playground.ui.page_session import PageSessions, session_key
 from playground.ui.request_guard import RequestGuard
+from playground.ui.sandbox_view import SandboxView
 from playground.ui.sessions_view import SessionsView
 from playground.ui.study_view import StudyView
 from playground.ui.watermark_view import WatermarkView
@@ -42,7 +43,7 @@ def css() -> str:
 
 
 def build_app() -> gr.Blocks:
-    """Build the Gradio Blocks app (Compare, Sessions, Study and Watermark tabs) with its public API endpoints
+    """Build the Gradio Blocks app (Compare, Sessions, Study, Watermark and Sandbox tabs) with its public API endpoints
     (``playground/ui/api_endpoints.py``); every UI handler is private to the API."""
     registry = PageSessions()  # one per app: what the server holds for each open page
 
@@ -64,10 +65,14 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Watermark", id="watermark", elem_id="tab-watermark"):
                 watermark = WatermarkView(page)
                 watermark.build()
+            with gr.Tab("Sandbox", id="sandbox", elem_id="tab-sandbox"):
+                sandbox = SandboxView(page)
+                sandbox.build()
         page.wire(demo)
         sessions.wire(demo, sessions_tab)
         study.wire(demo)
         watermark.wire(demo)
+        sandbox.wire(demo)
 
         def page_gone(request: gr.Request) -> None:
             registry.end(session_key(request))  # the page closed or reloaded: its record (and any run) ends
@@ -79,6 +84,7 @@ def build_app() -> gr.Blocks:
     demo.sessions_view = sessions  # type: ignore[attr-defined]
     demo.study_view = study  # type: ignore[attr-defined]
     demo.watermark_view = watermark  # type: ignore[attr-defined]
+    demo.sandbox_view = sandbox  # type: ignore[attr-defined]
     return demo
 
 
