@@ -102,7 +102,7 @@ def recorded_step(trace: Any, step: Any) -> Distribution:
         raise PlaygroundError("that lane has no steps")
     try:
         i = int(step)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise PlaygroundError(f"the step must be a whole number, got {step!r}") from None
     if not 0 <= i < len(steps):
         raise PlaygroundError(f"the lane has steps 0 to {len(steps) - 1}")
@@ -186,7 +186,7 @@ def _acts(rule: str, k: dict[str, Any]) -> bool:
 def _seed(x: Any) -> int:
     try:
         return int(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 

@@ -98,7 +98,8 @@ def test_the_tab_loads_a_stored_step_and_draws_both_plots(demo, db, sampled):
     # with no id, the Compare tab's session; a bad pick is one line
     assert "Loaded" in html.unescape(view.on_load("", sid, 1, 0)[view.status])
     for args, line in [(("", None, 1, 0), "give a session id"), ((sid, None, 3, 0), "lanes 1 to 1"),
-                       ((sid, None, 1, 99), "steps 0 to"), (("A" * 32, None, 1, 0), "no session")]:
+                       ((sid, None, 1, 99), "steps 0 to"), (("A" * 32, None, 1, 0), "no session"),
+                       ((sid, None, float("inf"), 0), "whole number"), ((sid, None, 1, float("nan")), "whole number")]:
         assert line in html.unescape(view.on_load(*args)[view.status])
     assert "load a recorded step first" in html.unescape(view.on_apply("recorded", "", "probabilities", 0, None,
                                                                        *knobs)[view.status])

@@ -211,7 +211,7 @@ class BranchPanel:
         data = getattr(evt, "_data", None) or {}
         try:
             step = int(data.get("step"))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return {}
         clicked = data.get("lane")
         lane = clicked - 1 if isinstance(clicked, int) and clicked >= 1 else lane
@@ -267,7 +267,7 @@ class BranchPanel:
 def _int(x: Any, default: int) -> int:
     try:
         return int(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
 
 

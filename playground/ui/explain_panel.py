@@ -147,7 +147,7 @@ class ExplainPanel:
         data = getattr(evt, "_data", None) or {}
         try:
             step = int(data.get("step"))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return {}
         clicked = data.get("lane")
         return self.on_pick(traces, clicked - 1 if isinstance(clicked, int) and clicked >= 1 else lane, step)
@@ -231,7 +231,7 @@ explain_run = gpu(_explain_impl)
 def _int(x: Any, default: int) -> int:
     try:
         return int(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
 
 

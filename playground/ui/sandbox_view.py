@@ -97,7 +97,7 @@ class SandboxView:
             session = default_store().load_session(sid)
             try:
                 k = int(float(lane))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise PlaygroundError(f"the lane must be a whole number, got {lane!r}") from None
             runs = session.get("runs") or []
             if not 1 <= k <= len(runs):
