@@ -1,5 +1,5 @@
 """Infilling: words fixed at canvas positions before denoising (the ``fixed`` knob of the
-run-recipe diffusion decoders). A fixed position never changes and is never committed by a
+run-recipe and rule-plan diffusion decoders). A fixed position never changes and is never committed by a
 plan; the schedule fills only the masked positions; a text of several tokens fills the
 positions from its own on; the canvas draws fixed cells apart; every bad value is one line."""
 
@@ -16,7 +16,8 @@ from playground.engine import prepare
 from visualizers.canvas import canvas_html
 
 PROMPT = "ROMEO: But soft"
-RECIPES = ["llada", "dream", "fast_dllm", "sched", "prophet", "pc_sampler", "credit", "masked_diffusion"]
+RECIPES = ["llada", "dream", "fast_dllm", "sched", "prophet", "pc_sampler", "credit", "masked_diffusion",
+           "ass", "ete", "r2_dllm", "localleap", "adablock"]
 
 
 @pytest.fixture(scope="module")

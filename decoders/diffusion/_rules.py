@@ -21,6 +21,7 @@ import torch
 from decoders.base import Context
 from decoders.diffusion._canvas import Layout, finish, gen_logits, make_layout, new_canvas, r5
 from decoders.diffusion._sampler import Proposal, Recipe, denoise_step, propose, top_k_positions
+from decoders.diffusion.fixed import place_fixed
 from playground.core.trace import Step
 
 
@@ -61,6 +62,7 @@ def run_rule(ctx: Context, rc: Recipe, rule: Rule, decoder: Any) -> Iterator[Ste
     lay = make_layout(ctx, rc.gen_length, 0, rc.block_length, fixed_steps=False)
     p0, g = lay.prompt_len, lay.gen_length
     x = new_canvas(ctx, lay)
+    fixed = place_fixed(ctx, rc.fixed, g, p0, x)
     commit_step = [-1] * g
     per_step: list[int] = []
     rule.start(ctx, lay)
@@ -73,6 +75,8 @@ def run_rule(ctx: Context, rc: Recipe, rule: Rule, decoder: Any) -> Iterator[Ste
         s0, s1 = rule.block(ctx, lay, x, prop)
         eligible = (prop.pos >= s0) & (prop.pos < s1)
         chosen, extra = rule.select(ctx, lay, prop, eligible, (s0, s1))
+        if fixed:
+            extra = {**extra, "fixed": fixed}
         if chosen.numel() == 0:
             raise RuntimeError(f"{type(rule).__name__} committed nothing at step {step}")
         st = denoise_step(lay, x, prop, chosen, (s0, s1), **extra)

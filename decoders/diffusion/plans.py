@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from decoders.base import Context, Float, Int, Params, Text, register
 from decoders.citation import Paper, arxiv
+from decoders.diffusion.fixed import fixed_param
 from decoders.diffusion._rules import ETE, R2, AdaBlock, LocalLeap, Rule, run_rule
 from decoders.diffusion._sampler import Recipe
 from decoders.diffusion.named import (ASS_PAPER, DiffusionDecoder, block_length, cfg_scale, eos_penalty, gen_length,
@@ -35,7 +36,7 @@ class RuleDecoder(DiffusionDecoder):
     def run(self, ctx: Context) -> Iterator[Step]:
         p = ctx.params
         rc = Recipe(gen_length=p["gen_length"], block_length=p.get("block_length", 0), plan="threshold",
-                    temperature=p["temperature"], cfg_scale=p.get("cfg_scale", 0.0))
+                    temperature=p["temperature"], cfg_scale=p.get("cfg_scale", 0.0), fixed=p.get("fixed", ""))
         yield from run_rule(ctx, rc, self.rule(p), self)
 
 
@@ -73,6 +74,7 @@ class ExploreThenExploit(RuleDecoder):
                                      "(-log2 p summed) than this"),
         cross_block=Int(0, 0, 4096, "exploration may reach this many positions past the current block"),
         temperature=temperature(), cfg_scale=cfg_scale(),
+        fixed=fixed_param(),
     )
 
     def rule(self, p: dict[str, Any]) -> Rule:
@@ -115,6 +117,7 @@ class R2DLLM(RuleDecoder):
         stable_steps=Int(3, 0, 64, "temporal: steps a proposal must hold unchanged; 0 = off"),
         stable_threshold=Float(0.5, 0.0, 1.0, "temporal: mean confidence over that streak it must reach"),
         temperature=temperature(), cfg_scale=cfg_scale(),
+        fixed=fixed_param(),
     )
 
     def rule(self, p: dict[str, Any]) -> Rule:
@@ -151,6 +154,7 @@ class LocalLeapDecoder(RuleDecoder):
         radius=Int(2, 0, 64, "zone radius in positions around each anchor"),
         decay=Float(0.0, 0.0, 1.0, "raise the relaxed threshold towards tau_hi with distance (0 = flat)"),
         temperature=temperature(), cfg_scale=cfg_scale(),
+        fixed=fixed_param(),
     )
 
     def rule(self, p: dict[str, Any]) -> Rule:
@@ -196,6 +200,7 @@ class AdaBlockDecoder(RuleDecoder):
         window=Float(0.25, 0.01, 1.0, "look-ahead window for delimiters, as a share of gen_length"),
         delimiters=Text("\\n.,;:!?", "characters that count as delimiters (\\n for a newline)"),
         temperature=temperature(), cfg_scale=cfg_scale(),
+        fixed=fixed_param(),
     )
 
     def rule(self, p: dict[str, Any]) -> Rule:
@@ -209,7 +214,7 @@ class AdaBlockDecoder(RuleDecoder):
     def run(self, ctx: Context) -> Iterator[Step]:
         p = ctx.params
         rc = Recipe(gen_length=p["gen_length"], plan="threshold", temperature=p["temperature"],
-                    cfg_scale=p["cfg_scale"])
+                    cfg_scale=p["cfg_scale"], fixed=p.get("fixed", ""))
         yield from run_rule(ctx, rc, self.rule(p), self)
 
 
@@ -238,6 +243,7 @@ class AscendingStepSize(DiffusionDecoder):
         block_length=block_length(),
         growth=Float(2.0, 1.0, 4.0, "each step commits about this many times the previous one; 1 = even"),
         eos_penalty=eos_penalty(), temperature=temperature(), cfg_scale=cfg_scale(),
+        fixed=fixed_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
