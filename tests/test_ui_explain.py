@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+import playground.engine
 import playground.ui.model_options as mo
 import playground.ui.rules as st
 from playground.attribution import attribute
@@ -66,8 +67,6 @@ def test_explain_draws_the_attribution_of_the_picked_token_and_keeps_it(page, ra
 
     # a replay-only instance shows the kept result, and says in one line what it cannot compute
     monkeypatch.setenv("PLAYGROUND_NO_MODELS", "1")
-    import playground.engine
-
     monkeypatch.setattr(playground.engine, "load_model", lambda *a, **k: pytest.fail("replay loaded a model"))
     again = ex.on_explain(ran[page.sid], traces, 1, 3, None, "gradient_x_input", KEY_B)
     assert "Stored with the session" in text(again, ex.status) and scores_in(again[ex.result]) == got

@@ -82,18 +82,17 @@ def why_now_figure(trace: dict[str, Any], step: int | None = None) -> go.Figure:
     paths = position_paths(trace)
     if not paths:
         return empty_figure("these steps record no per-position scores", TITLE)
-    quota = {s.get("i"): plan_of(s).get("k") for s in steps}
+    plans = {s.get("i"): plan_of(s) for s in steps}
     fig = go.Figure()
     shown = sorted(paths)[:MAX_LINES]
     for pos in shown:
         p = paths[pos]
         hover = [None if x is None else f"position {pos} · step {x}<br>score {fmt(y)}"
-                 + (f"<br>plan commits the {quota[x]} best" if isinstance(quota.get(x), int) else "")
+                 + (f"<br>plan commits the {plans[x]['k']} best" if isinstance(plans.get(x, {}).get("k"), int) else "")
                  for x, y in zip(p["x"], p["y"])]
         fig.add_scatter(x=p["x"], y=p["y"], mode="lines", name=f"position {pos}", showlegend=False,
                         line={"width": 1, "color": "rgba(99,102,241,0.35)"}, hovertext=hover, hoverinfo="text",
                         connectgaps=False)
-    plans = {s.get("i"): plan_of(s) for s in steps}
     cx = [x for pos in shown for x, _ in paths[pos]["commits"]]
     cy = [y for pos in shown for _, y in paths[pos]["commits"]]
     ct = [f"position {pos} committed at step {x}<br>score {fmt(y)}<br>{commit_reason(plans.get(x, {}), y)}"

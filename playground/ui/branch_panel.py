@@ -24,7 +24,7 @@ from playground.core.settings import limits
 from playground.hosting import gpu, model_event_settings
 from playground.ownership import one_user, owner_id
 from playground.store import default_store
-from playground.ui.events import nothing_is_skip
+from playground.ui.events import clicked_token, nothing_is_skip
 from playground.ui.html import esc, one_line, status_html
 from playground.ui.layout import Layout
 
@@ -208,14 +208,11 @@ class BranchPanel:
 
     def on_click(self, traces: list[dict[str, Any]] | None, lane: Any, evt: gr.EventData) -> dict[Any, Any]:
         """A token was clicked: branch from its lane and step (the panel opens)."""
-        data = getattr(evt, "_data", None) or {}
-        try:
-            step = int(data.get("step"))
-        except (TypeError, ValueError, OverflowError):
+        hit = clicked_token(evt)
+        if hit is None:
             return {}
-        clicked = data.get("lane")
-        lane = clicked - 1 if isinstance(clicked, int) and clicked >= 1 else lane
-        return {**self.on_pick(traces, lane, step), self.accordion: gr.update(open=True)}
+        clicked, step = hit
+        return {**self.on_pick(traces, lane if clicked is None else clicked, step), self.accordion: gr.update(open=True)}
 
     def on_sid(self, sid: Any) -> dict[Any, Any]:
         """The page shows another session: offer its parent when it is a branch."""

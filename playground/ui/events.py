@@ -26,3 +26,15 @@ def nothing_is_skip(fn: Callable[..., Any]) -> Callable[..., Any]:
         return gr.skip() if isinstance(up, dict) and not up else up
 
     return call
+
+
+def clicked_token(evt: Any) -> tuple[int | None, int] | None:
+    """What a click on a lane's token names (``token_click.js`` sends ``{lane, step}``): the
+    0-based lane (None when the data names none) and the step; None when it names no step."""
+    data = getattr(evt, "_data", None) or {}
+    try:
+        step = int(data.get("step"))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    lane = data.get("lane")
+    return (lane - 1 if isinstance(lane, int) and not isinstance(lane, bool) and lane >= 1 else None), step

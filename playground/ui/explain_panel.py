@@ -25,7 +25,7 @@ from playground.core.settings import limits
 from playground.hosting import gpu, model_event_settings
 from playground.ownership import one_user, owner_id
 from playground.store import default_store
-from playground.ui.events import nothing_is_skip
+from playground.ui.events import clicked_token, nothing_is_skip
 from playground.ui.html import esc, one_line, status_html
 from playground.ui.layout import Layout
 from visualizers.attribution import attribution_html
@@ -144,13 +144,11 @@ class ExplainPanel:
 
     def on_click(self, traces: list[dict[str, Any]] | None, lane: Any, evt: gr.EventData) -> dict[Any, Any]:
         """A token was clicked: explain its lane and step."""
-        data = getattr(evt, "_data", None) or {}
-        try:
-            step = int(data.get("step"))
-        except (TypeError, ValueError, OverflowError):
+        hit = clicked_token(evt)
+        if hit is None:
             return {}
-        clicked = data.get("lane")
-        return self.on_pick(traces, clicked - 1 if isinstance(clicked, int) and clicked >= 1 else lane, step)
+        clicked, step = hit
+        return self.on_pick(traces, lane if clicked is None else clicked, step)
 
     def on_pressed(self) -> dict[Any, Any]:
         """Explain was pressed: say so at once and hold the button until the result is shown."""
