@@ -105,6 +105,36 @@ def test_ead_rolling_window_averages_the_small_models_entropy(large, small):
         assert s.evidence["handover"]["rolling_entropy"] == pytest.approx(sum(recent) / len(recent), abs=1e-4)
 
 
+def test_ead_large_model_hands_back_when_its_rolling_entropy_drops(large, small):
+    """Constructed case: the small model always triggers (threshold 0) and the span is long, so
+    every hand-back comes from the large model's rolling entropy falling below handback_threshold."""
+    base = run(large, "ead", PROMPTS[2], 14, {"entropy_threshold": 0.0, "span": 1024, "window": 2}, draft=small)
+    hs = [s.evidence["handover"]["large_entropy"] for s in base.steps]
+    assert not any(s.evidence["handover"].get("handback") for s in base.steps)  # off: the span rules
+    mid = sorted(hs)[len(hs) // 2 - 1: len(hs) // 2 + 1]
+    back = sum(mid) / 2  # between two recorded values, so rounding in the evidence cannot flip a comparison
+    trace = run(large, "ead", PROMPTS[2], 14, {"entropy_threshold": 0.0, "span": 1024, "window": 2,
+                                               "handback_threshold": back}, draft=small)
+    assert trace.output_ids == base.output_ids  # every token is still the large model's greedy
+    recent: list[float] = []
+    handbacks = 0
+    for s in trace.steps:
+        ev = s.evidence["handover"]
+        assert ev["source"] == "large"
+        if ev.get("trigger"):
+            recent = []
+        recent = (recent + [ev["large_entropy"]])[-2:]
+        rolling = sum(recent) / len(recent)
+        assert ev["large_rolling_entropy"] == pytest.approx(rolling, abs=1e-4)
+        assert ev.get("handback", False) == (rolling < back)
+        handbacks += bool(ev.get("handback"))
+    assert handbacks > 0
+    # after each hand-back the small model is asked again (and, at threshold 0, triggers at once)
+    for a, b in zip(trace.steps, trace.steps[1:]):
+        if a.evidence["handover"].get("handback"):
+            assert b.evidence["handover"].get("trigger") is True
+
+
 # ---------------------------------------------------------------------- speculative cascades
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("gamma", [1, 4])
