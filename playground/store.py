@@ -31,6 +31,10 @@ Design choices, and why:
   listing tells apart sessions with the same title. It is settings, not a column: no
   migration, and it travels in exports; a session without one (saved before it was kept, or by
   the CLI and the API) is read from its lanes' stats (``finish_reason`` ``cancelled``, ``error``).
+* Ballots: a session marked blind (``settings.blind``, :meth:`Store.set_blind`) takes one ballot
+  per reader (table ``ballots``, keyed by session and reader id, :mod:`playground.ballots`); a
+  reader's new ballot replaces their old one. Ballots are readers' data: they are not exported
+  with the session, and they go when the session is deleted.
 * Imports are checked before anything is stored: the trace schema and its counts
   (:func:`playground.core.trace.validate_trace_dict`), and every token id below the
   vocabulary size of the model the lane names where that is known offline
@@ -55,6 +59,7 @@ from typing import Any, Callable
 import sqlite_utils
 
 import playground.inputs as inputs
+import playground.ballots as ballot_rules
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.core.trace import validate_trace_dict
@@ -118,7 +123,20 @@ def _migrate_v3(conn: sqlite3.Connection) -> None:
 
 # MIGRATIONS[k] takes a database at version k to version k + 1. Append, never edit: a
 # database made by an older playground replays only the steps it has not seen.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2, _migrate_v3]
+def _migrate_v4(conn: sqlite3.Connection) -> None:
+    """Blind votes: one ballot per reader per session (issue 34); see :mod:`playground.votes`."""
+    conn.execute("""
+        CREATE TABLE ballots (
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            reader TEXT NOT NULL,
+            ballot TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            created TEXT NOT NULL,
+            PRIMARY KEY (session_id, reader)
+        )""")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
 BRANCH_FIELDS = ("lane", "step", "position", "token")
 MAX_TREE_DEPTH = 64
 # An export nests two levels per branch generation (a list of branches, then the export) over
@@ -490,6 +508,7 @@ class Store:
         def tx(conn: sqlite3.Connection) -> None:
             self._check_owned(conn, sid, owned_by)
             conn.execute("DELETE FROM runs WHERE session_id = ?", (sid,))
+            conn.execute("DELETE FROM ballots WHERE session_id = ?", (sid,))
             if conn.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount == 0:
                 raise PlaygroundError(f"no session with id {sid}")
 
@@ -522,6 +541,83 @@ class Store:
             conn.execute("UPDATE sessions SET settings = ? WHERE id = ?", (json.dumps(settings), sid))
 
         self._write(tx)
+
+    def set_blind(self, sid: str, blind: bool, owned_by: str | None = None) -> None:
+        """Mark a session blind (its readers vote on letters, :mod:`playground.votes`) or not;
+        with ``owned_by``, only if that owner id made it."""
+        _check_id(sid)
+        if not isinstance(blind, bool):
+            raise PlaygroundError("blind is true or false")
+
+        def tx(conn: sqlite3.Connection) -> None:
+            self._check_owned(conn, sid, owned_by)
+            row = conn.execute("SELECT settings FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if row is None:
+                raise PlaygroundError(f"no session with id {sid}")
+            lanes = conn.execute("SELECT count(*) FROM runs WHERE session_id = ?", (sid,)).fetchone()[0]
+            if blind and lanes < 2:
+                raise PlaygroundError("a blind comparison needs at least two lanes")
+            settings = json.loads(row[0])
+            settings["blind"] = blind
+            conn.execute("UPDATE sessions SET settings = ? WHERE id = ?", (json.dumps(settings), sid))
+
+        self._write(tx)
+
+    def add_ballot(self, sid: str, reader: str, ballot: dict[str, Any], reason: str = "") -> bool:
+        """Store ``reader``'s ballot on a blind session, replacing their earlier one; return
+        whether one was replaced. The ballot is in stored form (lanes), checked against the
+        session; the reader is an owner id (:func:`playground.ownership.owner_id`)."""
+        _check_id(sid)
+        if not isinstance(reader, str) or OWNER_RE.fullmatch(reader) is None:
+            raise PlaygroundError("a vote needs the reader's key (the vote page makes one)")
+        reason = ballot_rules.check_reason(reason)
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT settings FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if row is None:
+                raise PlaygroundError(f"no session with id {sid}")
+            if not (_loads_or_none(row[0]) or {}).get("blind"):
+                raise PlaygroundError("this session is not blind: votes are taken only on blind comparisons")
+            lanes = int(conn.execute("SELECT count(*) FROM runs WHERE session_id = ?", (sid,)).fetchone()[0])
+            clean = ballot_rules.check_ballot(ballot, lanes)
+            had = conn.execute("SELECT 1 FROM ballots WHERE session_id = ? AND reader = ?", (sid, reader)).fetchone()
+            if not had and conn.execute("SELECT count(*) FROM ballots WHERE session_id = ?",
+                                        (sid,)).fetchone()[0] >= ballot_rules.MAX_BALLOTS_PER_SESSION:
+                raise PlaygroundError(f"this session has {ballot_rules.MAX_BALLOTS_PER_SESSION} ballots; it takes no more")
+            conn.execute("INSERT OR REPLACE INTO ballots (session_id, reader, ballot, reason, created) "
+                         "VALUES (?, ?, ?, ?, ?)", (sid, reader, json.dumps(clean), reason, _now()))
+            return had is not None
+
+        return bool(self._write(tx))
+
+    def ballot_of(self, sid: str, reader: str) -> dict[str, Any] | None:
+        """``reader``'s stored ballot on ``sid`` (``{"ballot", "reason", "created"}``) or None."""
+        _check_id(sid)
+        with self._lock:
+            row = self.conn.execute("SELECT ballot, reason, created FROM ballots WHERE session_id = ? AND reader = ?",
+                                    (sid, str(reader))).fetchone()
+        return None if row is None else {"ballot": json.loads(row[0]), "reason": row[1], "created": row[2]}
+
+    def ballots(self, sids: list[str] | None = None) -> list[dict[str, Any]]:
+        """Stored ballots (``session``, ``ballot``, ``reason``, ``created``; no reader ids), oldest
+        first; of the sessions ``sids`` only, when given."""
+        query = "SELECT session_id, ballot, reason, created FROM ballots"
+        args: list[Any] = []
+        if sids is not None:
+            ids = [i for i in sids if is_valid_session_id(i)]
+            if not ids:
+                return []
+            query += f" WHERE session_id IN ({', '.join('?' for _ in ids)})"
+            args = ids
+        with self._lock:
+            rows = self.conn.execute(query + " ORDER BY created, rowid", args).fetchall()
+        return [{"session": r[0], "ballot": json.loads(r[1]), "reason": r[2], "created": r[3]} for r in rows]
+
+    def ballot_count(self, sid: str) -> int:
+        """How many readers voted on ``sid``."""
+        _check_id(sid)
+        with self._lock:
+            return int(self.conn.execute("SELECT count(*) FROM ballots WHERE session_id = ?", (sid,)).fetchone()[0])
 
     @staticmethod
     def _check_owned(conn: sqlite3.Connection, sid: str, owned_by: str | None) -> None:
