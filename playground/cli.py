@@ -97,6 +97,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         ("sessions", "playground.sessions_cli", "stored sessions: list, export, import, delete"),
         ("watermark-detect", "playground.watermark_cli", "z-score of a green-list watermark in a text"),
         ("study", "playground.study", "run a comparison over a prompt set; aggregate per lane"),
+        ("votes", "playground.votes_cli", "blind comparisons: mark sessions blind, read the votes' Bradley–Terry table"),
         ("sweep", "playground.sweep", "run one decoder over a grid of one or two knobs; a grid of metrics"),
         ("attribute", "playground.attribution", "which context tokens drove a step's token (IG, gradient x input)"),
     ):

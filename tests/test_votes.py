@@ -3,6 +3,7 @@ and the Results table over configurations."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -148,3 +149,20 @@ def test_same_decoder_with_other_knobs_is_another_configuration():
     assert config_key("m", a) != config_key("m", b)
     c = dict(a, seed=99)
     assert config_key("m", a) == config_key("m", c)
+
+
+def test_the_command_line_marks_blind_and_prints_the_table(tmp_path: Path, capsys):
+    from playground.cli import main
+
+    db = tmp_path / "cli.db"
+    with Store(db) as s:
+        sid = s.save_session("t", "tiny-llama", "ROMEO:", {}, _lanes("greedy", "top_p"))
+    assert main(["votes", "--db", str(db), "blind", sid]) == 0
+    with Store(db) as s:
+        s.add_ballot(sid, READER, {"kind": "best", "winner": 1})
+    capsys.readouterr()
+    assert main(["votes", "--db", str(db), "results", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ballots"] == 1 and data["rows"][0]["label"].startswith("top_p") and data["rows"][0]["low"] is None
+    assert main(["votes", "--db", str(db), "blind", "not-an-id"]) != 0
+    assert "malformed session id" in capsys.readouterr().err
