@@ -110,11 +110,7 @@ def fit_strengths(items: list[Hashable], comps: Sequence[Comparison], prior: flo
 
 def fit(comps: Sequence[Comparison], prior: float = 1.0) -> Fit:
     """Fit the table of ``comps`` (items in order of first appearance)."""
-    items: list[Hashable] = []
-    for a, b, _ in comps:
-        for x in (a, b):
-            if x not in items:
-                items.append(x)
+    items = list(dict.fromkeys(x for a, b, _ in comps for x in (a, b)))
     if not items:
         return Fit([], [], [], [], [], 0)
     p, it = fit_strengths(items, comps, prior)

@@ -74,8 +74,10 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _results(store: Any, ids: list[str], as_json: bool) -> int:
-    sids = ids or [s["id"] for s in store.list_sessions()]
-    res = results([store.load_session(s) for s in sids], store.ballots(sids))
+    # Only sessions someone voted on are read: a store of many unvoted sessions costs nothing.
+    ballots = store.ballots(ids or None)
+    voted = list(dict.fromkeys(b["session"] for b in ballots))
+    res = results([store.load_session(s) for s in voted], ballots)
     if as_json:
         print(json.dumps({"ballots": res.ballots, "sessions": res.sessions,
                           "rows": [_finite(r.__dict__) for r in res.rows], "reasons": res.reasons}, ensure_ascii=False))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from playground.ballots import ballot_from_letters, check_ballot, lane_comparisons, reader_order
+from playground.cli import main
 from playground.core.errors import PlaygroundError
 from playground.ownership import owner_id
 from playground.store import Store
@@ -152,8 +153,6 @@ def test_same_decoder_with_other_knobs_is_another_configuration():
 
 
 def test_the_command_line_marks_blind_and_prints_the_table(tmp_path: Path, capsys):
-    from playground.cli import main
-
     db = tmp_path / "cli.db"
     with Store(db) as s:
         sid = s.save_session("t", "tiny-llama", "ROMEO:", {}, _lanes("greedy", "top_p"))
