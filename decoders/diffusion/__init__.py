@@ -35,7 +35,9 @@ with more than one step's scores, each with its own plots: `ete` also commits a 
 most uncertain positions to set off cascades of confident ones (bits per round);
 `r2_dllm` commits confident windows and proposals that stayed stable; `localleap` lets
 confident anchors pull their neighbours in at a lower threshold; `adablock` ends each
-block at a confident predicted delimiter; `ass` commits 1, 2, 4, ... positions per step.
+block at a confident predicted delimiter; `ccd` commits only positions whose argmax held
+for the last few steps (read it on the unmasking heatmap); `ass` commits 1, 2, 4, ...
+positions per step.
 `apd` takes a small causal model in the draft slot as a helper: the dLLM proposes a run of
 tokens, and the prefix on which the helper's mixture agrees commits in one pass. `dingo`
 constrains the canvas to a regular expression: every step, the most probable regex-valid
