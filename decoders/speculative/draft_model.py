@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from decoders.ar import sample_index
-from decoders.base import Context, Float, Int, PlaygroundError, register
+from decoders.base import Choice, Context, Float, Int, PlaygroundError, register
 from decoders.kv_cache import CacheInfo, check_rollback, masks_by_type
 from decoders.citation import arxiv
 from decoders.draft_state import DraftState, fit_logits
@@ -39,6 +39,43 @@ def check_draft(decoder: str, ctx: Context) -> CacheInfo:
     return info
 
 
+STOPS = ("rules", "del")
+DEL_ALPHA0 = 0.8     # the acceptance estimate before any round has been verified
+DEL_KEEP = 0.7       # weight of the old estimate in the moving average ...
+DEL_LEARN = 0.3      # ... and of the round just verified
+
+
+def expected_goodput(alpha: float, k: int, cost: float) -> float:
+    """Expected committed tokens per unit of cost of one round that drafts ``k`` tokens.
+
+    DEL's goodput criterion (Zarch et al. 2025): with each drafted token accepted with
+    probability ``alpha`` (independently), a round commits (1 - alpha^(k+1)) / (1 - alpha)
+    tokens on average (the accepted prefix plus the correction or bonus), and costs one target
+    forward plus ``cost`` target forwards per drafted token, so the goodput is
+    (1 - alpha^(k+1)) / (1 - alpha) / (k · cost + 1). At ``alpha`` = 1 every draft is
+    accepted and the expected count is its limit, k + 1.
+    """
+    a, k = float(alpha), int(k)
+    # the geometric sum 1 + a + ... + a^k; its closed form divides by zero at a = 1
+    tokens = float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    return tokens / (k * float(cost) + 1.0)
+
+
+def goodput_draft_length(alpha: float, gamma: int, cost: float) -> int:
+    """How many tokens DEL's rule drafts in a round: start at one (a round always drafts one)
+    and draft token k + 1 only while it raises the expected goodput,
+    ``expected_goodput(alpha, k + 1, cost) > expected_goodput(alpha, k, cost)``, up to ``gamma``."""
+    k = 1
+    while k < int(gamma) and expected_goodput(alpha, k + 1, cost) > expected_goodput(alpha, k, cost):
+        k += 1
+    return k
+
+
+def parameter_count(model: Any) -> int:
+    """Distinct parameters of a torch module (a tied embedding and LM head count once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
 def point_mass_token(q: torch.Tensor) -> int:
     """The token of a one-hot distribution (what the chain gives at temperature 0)."""
     return int(torch.argmax(q))
@@ -48,7 +85,8 @@ def point_mass_token(q: torch.Tensor) -> int:
 class DraftStop:
     """Why a step's draft ended, for its evidence: ``reason`` is ``confidence`` (the draft's
     probability of its own token fell below the floor), ``adaptive_h`` (SpecDec++: the chance
-    that some drafted token is rejected passed h), ``gamma`` (the length cap), ``length`` (the
+    that some drafted token is rejected passed h), ``goodput`` (DEL: one more token would
+    not raise the expected goodput), ``gamma`` (the length cap), ``length`` (the
     run's remaining tokens), ``constraint`` (the grammar is complete) or ``budget`` (the tree's
     node budget); ``drafted`` tokens, the last one's draft probability ``q`` and the product
     of the draft's probabilities along the chain (the best path, for a tree)."""
@@ -87,6 +125,19 @@ class Speculative(SpecDecoder):
     draft's own numbers, so verification stays exact.
     Simplifies: SpecDec++ predicts acceptance with a trained head; here the draft's own
     confidence q(x_i) stands in for it. Mirostat (stateful) is not offered.
+    With ``stop=del`` the draft length follows DEL's goodput criterion (Zarch et al. 2025,
+    A242) instead of those rules: a running acceptance estimate α (0.8 at first, then
+    α ← 0.7·α + 0.3·accepted/drafted after each verified round) and the cost c of a drafted
+    token in target forwards give the expected tokens per unit cost of a round of k drafts,
+    ``expected_goodput``; a round drafts one token, then one more only while that raises
+    the expected goodput, up to γ (the confidence and adaptive_h rules are not consulted; a
+    constraint and the run's length still end a draft). α depends only on earlier rounds, so
+    verification stays exact. Each step records ``del_goodput``: α, c, the chosen length, the
+    goodput curve over k = 0..γ and α after the round.
+    Simplifies (DEL): DEL picks the exit layer of a self-speculative model and its draft
+    length together, from per-layer acceptance rates; here the draft is a separate model, so
+    only the draft-length half is implemented, with c the ratio of the draft's parameter
+    count to the target's rather than a measured or per-layer cost.
     """
 
     name = "speculative"
@@ -94,7 +145,8 @@ class Speculative(SpecDecoder):
     lossless = True
     reference = ("Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding; "
                  "Chen et al. 2023, Accelerating LLM Decoding with Speculative Sampling; "
-                 "Huang et al. 2024, SpecDec++ (adaptive length)")
+                 "Huang et al. 2024, SpecDec++ (adaptive length); "
+                 "Zarch et al. 2025, DEL (goodput-based draft length)")
     papers = (
         arxiv("Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding "
               "(ICML)", "2211.17192"),
@@ -102,6 +154,8 @@ class Speculative(SpecDecoder):
               "Sampling", "2302.01318"),
         arxiv("Huang et al. 2024, SpecDec++: Boosting Speculative Decoding via Adaptive "
               "Candidate Lengths (adaptive draft length)", "2405.19715"),
+        arxiv("Zarch et al. 2025, DEL: Context-Aware Dynamic Exit Layer for Efficient "
+              "Self-Speculative Decoding (goodput-based draft length)", "2504.05598"),
     )
     description = "Draft γ tokens with a small model, verify in one target pass, resample at the first rejection"
     params = SpecParams(
@@ -109,19 +163,39 @@ class Speculative(SpecDecoder):
         confidence=Float(0.4, 0.0, 1.0, "stop drafting after a token the draft gives probability below this "
                                         "(as transformers' assistant_confidence_threshold); 0 = never"),
         adaptive_h=Float(1.0, 0.0, 1.0, "SpecDec++: stop drafting once 1 - prod q(x_i) exceeds this; 1 = never"),
+        stop=Choice("rules", STOPS, "what ends a draft before γ: rules (confidence and adaptive_h) or del "
+                                    "(DEL: draft while one more token raises the expected goodput, from a "
+                                    "running acceptance estimate; confidence and adaptive_h are ignored)"),
         **rule_params(), **sampling_params(0.0))
 
     def setup(self, ctx: Context) -> None:
         check_draft_context(ctx)
         self.d = DraftState(ctx.draft, check_draft(self.name, ctx))
+        self.use_del = ctx.params.get("stop", "rules") == "del"
+        if self.use_del:
+            self.alpha = DEL_ALPHA0
+            # a drafted token costs about a draft forward; with both models memory-bound that
+            # is their size ratio, a fixed stand-in for DEL's measured per-layer cost
+            self.cost = parameter_count(ctx.draft.model) / max(1, parameter_count(ctx.target.model))
+            self.round: dict[str, Any] = {}
 
     def draft(self, ctx: Context, max_depth: int) -> Tree:
         tree = Tree()
         gamma = min(int(ctx.params["gamma"]), max_depth)
         self.stop = DraftStop("length", 0)
+        planned = None
+        if self.use_del:
+            # α is fixed for the round (it learns only from verified rounds), so the rule's
+            # stopping point is known before the first draft forward
+            cap = int(ctx.params["gamma"])
+            planned = goodput_draft_length(self.alpha, cap, self.cost)
+            self.round = {"alpha": self.alpha, "planned": planned,
+                          "curve": [expected_goodput(self.alpha, k, self.cost) for k in range(cap + 1)]}
         if gamma <= 0:
             return tree
         h, floor = float(ctx.params["adaptive_h"]), float(ctx.params["confidence"])
+        if planned is not None:
+            h, floor = 1.0, 0.0  # DEL's length replaces the confidence rules
         V = ctx.target.vocab_size
         logits = self.d.catch_up(self.committed_ids)
         parent, drafted, conf = ROOT, [], 1.0
@@ -147,6 +221,8 @@ class Speculative(SpecDecoder):
                 row.advance(x)
             why = ("constraint" if row is not None and row.done else "confidence" if qx < floor
                    else "adaptive_h" if 1.0 - conf > h else None)
+            if why is None and planned is not None and i + 1 == planned < int(ctx.params["gamma"]):
+                why = "goodput"  # the rule's own stop, also where the run's length ends here
             if why is None and i + 1 == gamma:
                 why = "gamma" if gamma == int(ctx.params["gamma"]) else "length"
             if why is not None:
@@ -155,9 +231,30 @@ class Speculative(SpecDecoder):
             logits = self.d.feed([x])[-1]
         return tree
 
+    def after_verify(self, ctx: Context, v: Verified) -> None:
+        if not self.use_del:
+            return
+        drafted = sum(1 for a in v.tree.aux if not a)
+        if drafted:  # the run's last token drafts nothing and says nothing about acceptance
+            self.alpha = DEL_KEEP * self.alpha + DEL_LEARN * (len(v.path) / drafted)
+        self.round.update(drafted=drafted, accepted=len(v.path))
+
     def make_step(self, ctx: Context, v: Verified) -> Step:
         step = super().make_step(ctx, v)
         step.evidence["draft_stop"] = self.stop.evidence()
+        if self.use_del:
+            r = self.round
+            step.evidence["del_goodput"] = {
+                # α unrounded: the round's length is recomputed from it, and a rounded value
+                # could land on the other side of a near tie in the goodput comparison
+                "alpha": r["alpha"], "cost": self.cost, "gamma": int(ctx.params["gamma"]),
+                "draft_length": r["planned"], "drafted": r["drafted"], "accepted": r["accepted"],
+                "alpha_next": self.alpha,
+                # goodput[k] = expected_goodput(alpha, k, cost) for k = 0..γ: the curve whose
+                # first peak is the chosen length
+                "goodput": [float(f"{g:.6g}") for g in r["curve"]],
+            }
+            self.extra_stats["del_alpha"] = round(self.alpha, 6)
         return step
 
 
