@@ -613,6 +613,18 @@ class Store:
             rows = self.conn.execute(query + " ORDER BY created, rowid", args).fetchall()
         return [{"session": r[0], "ballot": json.loads(r[1]), "reason": r[2], "created": r[3]} for r in rows]
 
+    def voted_sessions(self, reader: str) -> list[str]:
+        """The ids of the sessions ``reader`` (an owner id) voted on, oldest vote first."""
+        with self._lock:
+            rows = self.conn.execute("SELECT session_id FROM ballots WHERE reader = ? ORDER BY created, rowid",
+                                     (str(reader),)).fetchall()
+        return [r[0] for r in rows]
+
+    def owned_sessions(self, owner: str) -> list[str]:
+        """The ids of the sessions made by ``owner`` (an owner id)."""
+        with self._lock:
+            return [r[0] for r in self.conn.execute("SELECT id FROM sessions WHERE owner = ?", (str(owner),))]
+
     def ballot_count(self, sid: str) -> int:
         """How many readers voted on ``sid``."""
         _check_id(sid)
@@ -683,7 +695,7 @@ class Store:
     def list_sessions(self, limit: int | None = None, owned_by: str | None = None,
                       also: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """Sessions (id, title, model, decoders in lane order, created, parent, branch, owner,
-        ``stopped`` and ``failed_lanes``, :func:`stored_outcome`), newest first; at most ``limit``. With ``owned_by``, only that owner id's sessions and
+        ``blind``, ``stopped`` and ``failed_lanes``, :func:`stored_outcome`), newest first; at most ``limit``. With ``owned_by``, only that owner id's sessions and
         those named in ``also`` (e.g. one the visitor opened by its link)."""
         where, args = "", []
         if owned_by is not None:
@@ -703,6 +715,7 @@ class Store:
         return [{"id": s["id"], "title": s["title"], "model": s["model"],
                  "decoders": [r[0] for r in lanes.get(s["id"], [])], "created": s["created"], "parent": s["parent_id"],
                  "branch": json.loads(s["branch"]) if s["branch"] else None, "owner": s["owner"],
+                 "blind": bool((_loads_or_none(s["settings"]) or {}).get("blind")),
                  **stored_outcome(_loads_or_none(s["settings"]), [(r[1], r[2]) for r in lanes.get(s["id"], [])])}
                 for s in sessions]
 

@@ -106,7 +106,7 @@ def test_list_newest_first_with_decoders(store: Store) -> None:
     assert [s["id"] for s in listed] == [c, b, a]
     assert listed[1] == {"id": b, "title": "second", "model": "tiny-llama",
                          "decoders": ["top_k", "top_p", "greedy"], "created": listed[1]["created"],
-                         "parent": None, "branch": None, "owner": None, "stopped": False, "failed_lanes": []}
+                         "parent": None, "branch": None, "owner": None, "blind": False, "stopped": False, "failed_lanes": []}
     assert store.count() == 3
     assert [s["id"] for s in store.list_sessions(limit=2)] == [c, b]
     assert store.list_sessions(limit=2)[1]["decoders"] == ["top_k", "top_p", "greedy"]

@@ -118,13 +118,18 @@ def test_stop_keeps_what_was_made_and_saves(page, tiny, db, frame_per_snapshot):
     assert "Stopped" in html_of(final, page.status) and final[page.sid]
 
 
-def test_share_link_uses_the_app_url(page):
+def test_share_link_uses_the_app_url(page, db):
+    from playground.store import default_store
+    from tests.test_store import make_trace
+
     class Req:
         request = None
         headers = {"origin": "http://example.org:8080"}
 
-    assert page.on_share("A" * 32, Req()) == "http://example.org:8080/?session=" + "A" * 32
-    assert page.on_share("", Req()) == ""
+    sid = default_store().save_session("s", "tiny-llama", "ROMEO:", {}, [make_trace()])
+    assert page.on_share(sid, False, None, Req()) == "http://example.org:8080/?session=" + sid
+    assert page.on_share("", False, None, Req()) == ""
+    assert page.on_share("A" * 32, False, None, Req()) == ""  # no such session: a warning, no link
 
 
 def test_replay_needs_no_model_and_shows_every_lane(page, tiny, db, monkeypatch):
@@ -585,7 +590,8 @@ def test_the_page_script_talks_to_the_apps_own_routes(demo, monkeypatch):
     monkeypatch.setattr(type(demo), "launch", lambda self, **kw: seen.update(kw))
     monkeypatch.setattr(type(demo), "queue", lambda self, **kw: self)
     launch(demo)
-    assert [r.path for r in seen["app_kwargs"]["routes"]] == [r.path for r in page_routes(sessions=demo.page_sessions, exports=demo.sessions_view.exports)]
+    assert [r.path for r in seen["app_kwargs"]["routes"]] == [r.path for r in page_routes(sessions=demo.page_sessions, exports=demo.sessions_view.exports)] + \
+        ["/vote", "/playground_api/vote/view", "/playground_api/vote/cast", "/playground_api/vote/study"]
 
     acked, stopped = [], []
     sessions = PageSessions()

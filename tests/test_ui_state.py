@@ -168,7 +168,8 @@ def _numeric_knobs():
 
 def test_page_checks_agree_with_the_engine_and_never_clamp():
     """For every numeric knob of every decoder: a value the page accepts is the value the
-    engine validates to, and a value the page refuses the engine refuses too."""
+    engine's spec of that knob validates to, and a value the page refuses the engine refuses too.
+    (Rules between knobs are the lane's check: the next test.)"""
     from hypothesis import given, settings, strategies as hs
 
     from decoders.base import get_decoder
@@ -182,7 +183,7 @@ def test_page_checks_agree_with_the_engine_and_never_clamp():
     def check(knob, value):
         dec, name, _spec = knob
         try:
-            engine = get_decoder(dec).params.validate(dec, {name: value})[name]
+            engine = get_decoder(dec).params[name].check(name, value)
         except (ValueError, ArithmeticError):  # PlaygroundError, or Int.check's int() of "inf"/"nan"
             engine = PlaygroundError
         if engine is PlaygroundError:
@@ -193,6 +194,12 @@ def test_page_checks_agree_with_the_engine_and_never_clamp():
             assert float(engine) == float(value)  # never clamped, never replaced
 
     check()
+
+
+def test_a_lane_whose_knobs_break_a_rule_between_them_is_refused_before_it_runs():
+    with pytest.raises(PlaygroundError, match=r"^lane 2: decoder 'diverse_beam': num_beams \(3\) must be a multiple"):
+        st.check_lane(st.LaneConfig("diverse_beam", {"num_beams": " 3 "}), lane=2)
+    assert st.check_lane(st.LaneConfig("diverse_beam", {"num_beams": " 4 "}), lane=2).params == {"num_beams": 4}
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])

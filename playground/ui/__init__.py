@@ -1,6 +1,7 @@
 """The Gradio UI: a Compare page (lanes racing, step inspector, sharing), a Sessions view, a
-Study view (a ``playground study`` file's aggregate, drilled down to any prompt) and a
-Watermark detector.
+Study view (a ``playground study`` file's aggregate, drilled down to any prompt), a
+Watermark detector, the sampler Sandbox and the Results of blind votes; beside them the
+blind comparisons' own vote page (:mod:`playground.ui.vote_page`).
 
 ``build_app()`` returns the Blocks; ``launch(demo)`` starts it with the page's CSS and the
 hosting settings (queue, concurrency, host/port from the environment).
@@ -21,9 +22,11 @@ from playground.ui.compare import ComparePage
 from playground.ui.exports import CACHE_CLEANUP
 from playground.ui.page_session import PageSessions, session_key
 from playground.ui.request_guard import RequestGuard
+from playground.ui.results_view import ResultsView
 from playground.ui.sandbox_view import SandboxView
 from playground.ui.sessions_view import SessionsView
 from playground.ui.study_view import StudyView
+from playground.ui.vote_page import vote_routes
 from playground.ui.watermark_view import WatermarkView
 
 
@@ -43,7 +46,7 @@ def css() -> str:
 
 
 def build_app() -> gr.Blocks:
-    """Build the Gradio Blocks app (Compare, Sessions, Study, Watermark and Sandbox tabs) with its public API endpoints
+    """Build the Gradio Blocks app (Compare, Sessions, Study, Watermark, Sandbox and Results tabs) with its public API endpoints
     (``playground/ui/api_endpoints.py``); every UI handler is private to the API."""
     registry = PageSessions()  # one per app: what the server holds for each open page
 
@@ -68,11 +71,15 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Sandbox", id="sandbox", elem_id="tab-sandbox"):
                 sandbox = SandboxView(page)
                 sandbox.build()
+            with gr.Tab("Results", id="results", elem_id="tab-results") as results_tab:
+                results = ResultsView(page)
+                results.build()
         page.wire(demo)
         sessions.wire(demo, sessions_tab)
         study.wire(demo)
         watermark.wire(demo)
         sandbox.wire(demo)
+        results.wire(demo, results_tab)
 
         def page_gone(request: gr.Request) -> None:
             registry.end(session_key(request))  # the page closed or reloaded: its record (and any run) ends
@@ -85,6 +92,7 @@ def build_app() -> gr.Blocks:
     demo.study_view = study  # type: ignore[attr-defined]
     demo.watermark_view = watermark  # type: ignore[attr-defined]
     demo.sandbox_view = sandbox  # type: ignore[attr-defined]
+    demo.results_view = results  # type: ignore[attr-defined]
     return demo
 
 
@@ -99,7 +107,8 @@ def launch(demo: gr.Blocks, **overrides: object) -> None:
 
 def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
     """What :func:`launch` gives Gradio's FastAPI app: the page's routes (serving the page
-    registry and the Sessions tab's export links of ``demo``) and the request guard."""
+    registry and the Sessions tab's export links of ``demo``, and the blind comparisons' vote page)
+    and the request guard."""
     view = getattr(demo, "sessions_view", None)
     # ``is None``, not ``or``: the page's registry is empty (falsy) until a page opens, and a
     # fresh registry here served no run — every live-feed poll was "unknown" and lane text
@@ -107,5 +116,5 @@ def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
     sessions = getattr(demo, "page_sessions", None)
     if sessions is None:
         sessions = PageSessions()
-    return {"routes": routes.page_routes(sessions=sessions, exports=getattr(view, "exports", None)),
+    return {"routes": routes.page_routes(sessions=sessions, exports=getattr(view, "exports", None)) + vote_routes(),
             "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}

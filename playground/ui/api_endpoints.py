@@ -29,7 +29,7 @@ import gradio as gr
 from gradio import route_utils
 
 import playground.ui.rules as st
-from playground import api, inputs
+from playground import api, blind, inputs
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.engine import prepare
@@ -146,8 +146,9 @@ def session(session_id: str) -> dict[str, Any]:
         session_id: the id from /compare or from a share link (?session=<id>)
     """
     with one_line_errors():
-        sid = inputs.text("session_id", session_id, 200)
-        return default_store().export_session(sid.strip())
+        sid = inputs.text("session_id", session_id, 200).strip()
+        blind.check_readable(default_store(), sid, None)  # a blind vote's lanes are read on its vote page
+        return default_store().export_session(sid)
 
 
 def decoders(family: str | None = None) -> list[dict[str, Any]]:

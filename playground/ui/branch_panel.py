@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from playground import engine
+from playground import blind, engine
 from playground.branching import branch_session, resolve_token, step_position, token_choices
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
@@ -119,6 +119,7 @@ def run_branch(sid: str, lane: int, token: int, step: int, scope: str, owner_key
     branching browser's; its id. It is filed under its parent only where the caller may change
     the parent (:mod:`playground.ownership`)."""
     store = default_store()
+    blind.check_readable(store, sid, owner_key)  # a branch would replay the hidden lanes
     attach = one_user() or (owner_id(owner_key) is not None and store.session_owner(sid) == owner_id(owner_key))
     return gpu(branch_session)(store, sid, lane, token, step=step, lanes=scope, owner=owner_id(owner_key),
                                attach=attach)

@@ -17,6 +17,7 @@ import gradio as gr
 
 import playground.ui.model_options as mo
 import playground.ui.rules as st
+from playground import blind
 from playground.core.errors import PlaygroundError
 from playground.core.models import BUNDLED, BUNDLED_DIR, load_model
 from playground.core.settings import limits
@@ -365,9 +366,11 @@ class LaneHandlers:
         return up
 
     def open_session(self, sid: Any) -> dict[Any, Any]:
-        """Replay a stored session: text, colours, stats, scrubber and every plot, no model."""
+        """Replay a stored session: text, colours, stats, scrubber and every plot, no model (a
+        blind comparison is refused: this path has no owner key)."""
         try:
             session = default_store().load_session(str(sid))
+            blind.check_readable(default_store(), session["id"], None)
         except PlaygroundError as e:
             up = self.default_page()
             msg = f"Could not open the shared session: {e}."

@@ -140,6 +140,9 @@ class Layout:
 
         with gr.Row(elem_id="share-row", equal_height=True):
             self.share_btn = gr.Button("Share", elem_id="share", scale=1, min_width=110)
+            # an intent for Share, kept across runs: a teacher shares one blind vote after another
+            self.blind = gr.Checkbox(False, label="Blind vote", elem_id="blind", scale=1, min_width=120,
+                                     info="Share gives a vote link: lanes as letters, decoders shown after the vote")
             self.share_link = gr.Textbox(label="Share link (replays this comparison without a model)",
                                          elem_id="share-link", interactive=False, scale=5, buttons=["copy"],
                                          placeholder="run a comparison, then press Share")
@@ -213,7 +216,7 @@ class Layout:
         """Everything that shows a lane configuration (apply a preset or a stored session)."""
         out: list[Any] = [self.model, self.model_path, self.prompt, self.seed, self.max_new, self.policy,
                           self.metric, self.lane_count, self.preset_state, self.preset_info, self.add_btn,
-                          self.remove_btn, self.watch, *option_outputs(self)]
+                          self.remove_btn, self.watch, self.blind, *option_outputs(self)]
         for ui in self.lanes:
             out += [ui.column, ui.decoder, ui.model, ui.draft, ui.info, ui.knobs, ui.nonce]
         return out

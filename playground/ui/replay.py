@@ -16,6 +16,7 @@ import gradio as gr
 
 import playground.ui.rules as st
 import visualizers
+from playground import blind
 from playground.core.errors import PlaygroundError
 from playground.store import default_store
 from playground.ui.html import esc, md_text, stats_html, status_html
@@ -62,15 +63,18 @@ class ReplayHandlers:
             return {**first, **self.plots(first[self.ui.traces], first[self.ui.step]["value"], request)}
         return self.config.default_page()
 
-    def frame(self, sid: Any, request: Any = None, clear: bool = False) -> dict[Any, Any]:
+    def frame(self, sid: Any, request: Any = None, clear: bool = False, key: Any = None) -> dict[Any, Any]:
         """The first frame of a replay: configuration, every lane's text, colours and stats, the
         scrubber and the divergence strip; no figure (:meth:`plots` follows). With ``clear`` (a
         page that may show another comparison's plots) the plot slots are hidden until then; a
         fresh page's slots are empty, and hiding them only to show them again made the browser
         slower to draw. A branch's lanes are labelled and the scrubber is put on the forced step.
-        A bad id is the default page with a one-line message."""
+        A bad id is the default page with a one-line message, and so is a blind comparison
+        (:mod:`playground.blind`) unless ``key`` is its owner's: a share link's page load has no key.
+        """
         try:
             session = default_store().load_session(str(sid))
+            blind.check_readable(default_store(), session["id"], key)
         except PlaygroundError as e:
             up = self.config.default_page()
             msg = f"Could not open the shared session: {e}."
@@ -88,6 +92,7 @@ class ReplayHandlers:
         up.update(self.inspector.result_updates(runs, pg["metric"], plots=False, sid=session["id"], status=None))
         up.update(self.ui.idle_buttons())
         up[self.ui.share_link] = ""
+        up[self.ui.blind] = blind.is_blind(session)  # only its owner gets this far with a blind one
         counts = [visualizers.step_count(t) for t in runs]
         top = max(counts, default=0)
         step = max(top - 1, 0)

@@ -364,12 +364,16 @@ def lane_buttons(n: int, max_lanes: int, min_lanes: int = MIN_LANES) -> tuple[bo
 
 def check_lane(cfg: LaneConfig, lane: int | None = None) -> LaneConfig:
     """A lane as it will run: its decoder exists, its knobs are the ones shown (checked,
-    never clamped) and a decoder that needs a draft has one picked. Messages name lane
+    never clamped, and together as the engine checks them) and a decoder that needs a draft has one picked. Messages name lane
     ``lane`` (1-based) when given."""
     head = f"lane {lane}: " if lane is not None else ""
     if not cfg.decoder or decoder_spec(cfg.decoder) is None:
         raise PlaygroundError(head + ("pick a decoder" if not cfg.decoder else f"unknown decoder {cfg.decoder!r}"))
     params = check_knobs(cfg.decoder, cfg.params, lane=lane)
+    try:  # rules between knobs (num_beams a multiple of num_beam_groups): refused before the run
+        get_decoder(cfg.decoder).params.validate(cfg.decoder, params)
+    except PlaygroundError as e:
+        raise PlaygroundError(head + str(e)) from None
     draft = (cfg.draft or "").strip() or None
     if draft == NO_DRAFT:
         draft = None

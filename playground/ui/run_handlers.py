@@ -35,11 +35,12 @@ from gradio import route_utils
 
 import playground.ui.rules as st
 import visualizers
+from playground import blind
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.engine import prepare
 from playground.hosting import gpu, model_event_settings
-from playground.ownership import owner_id
+from playground.ownership import change_filter, owner_id
 from playground.runner import Lane, Runner, pending_trace
 from playground.store import default_store, lane_failed, run_outcome
 from playground.watch import watch_items
@@ -52,6 +53,7 @@ from playground.ui.model_options import option_inputs, page_options, split_optio
 from playground.ui.page_js import page_js
 from playground.ui.page_session import BUSY_MESSAGE, Busy, PageSession, PageSessions, session_key
 from playground.ui.updates import pending_header
+from playground.ui.vote_page import vote_url
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +198,7 @@ class RunHandlers:
 
     def wire_share(self, demo: gr.Blocks) -> None:
         """Attach Share."""
-        self.ui.share_btn.click(self.on_share, [self.ui.sid], [self.ui.share_link])
+        self.ui.share_btn.click(self.on_share, [self.ui.sid, self.ui.blind, self.ui.owner_key], [self.ui.share_link])
 
     # ================================================================== handlers
     def on_run(self, request: gr.Request, *args: Any) -> Iterator[dict[Any, Any]]:
@@ -440,15 +442,28 @@ class RunHandlers:
         for r in {id(x): x for x in (runner, by_token) if x is not None}.values():
             r.cancel()
 
-    def on_share(self, sid: str | None, request: gr.Request) -> str:
-        """Show the share link of the current session."""
+    def on_share(self, sid: str | None, blind_vote: Any = False, owner_key: Any = None,
+                 request: gr.Request = None) -> str:
+        """Show the share link of the current session. With *Blind vote* ticked the session is
+        marked blind (its owner only) and the link is its vote page's; unticked, a blind session
+        of the caller's is opened again (its ballots stay) and the link replays it."""
         if self.sessions.running_runner(session_key(request)) is not None:
             gr.Warning("the comparison is still running: press Share once it is done (or stopped)")
             return ""
         if not sid:
             gr.Warning("Run a comparison (or open a session) first: there is nothing to share yet.")
             return ""
-        return st.share_url(root_url(request), sid)
+        wanted = blind_vote is True
+        try:
+            store = default_store()
+            if wanted:
+                store.set_blind(str(sid), True, owned_by=change_filter(owner_key))
+            elif blind.is_blind(store.load_session(str(sid))):
+                store.set_blind(str(sid), False, owned_by=change_filter(owner_key))
+        except PlaygroundError as e:
+            gr.Warning(str(e))
+            return ""
+        return vote_url(root_url(request), str(sid)) if wanted else st.share_url(root_url(request), str(sid))
 
 
 # ---------------------------------------------------------------------- the model work

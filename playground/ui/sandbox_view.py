@@ -15,6 +15,7 @@ import gradio as gr
 import torch
 
 from decoders.processors import chain_params
+from playground import blind
 from playground.core.errors import PlaygroundError
 from playground.sandbox import KINDS, KNOBS, Distribution, apply_chain, parse_distribution, recorded_step
 from playground.store import default_store
@@ -95,6 +96,7 @@ class SandboxView:
             if not sid:
                 raise PlaygroundError("give a session id, or open a session in the Compare tab")
             session = default_store().load_session(sid)
+            blind.check_readable(default_store(), session["id"], None)  # its steps would give the lanes away
             try:
                 k = int(float(lane))
             except (TypeError, ValueError, OverflowError):

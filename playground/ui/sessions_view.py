@@ -38,6 +38,7 @@ import gradio as gr
 
 import playground.ui.rules as st
 import visualizers
+from playground import blind
 from playground.core.errors import PlaygroundError
 from playground.ownership import NOBODY, change_filter, may_read_in_tab, one_user, owner_id
 from playground.store import default_store
@@ -55,18 +56,23 @@ BRANCH_MARK = "↳ "
 INDENT = "\u2003"  # an em space per level: the table collapses ordinary spaces
 DELETE_LABEL = "Delete"
 CONFIRM_LABEL = "Confirm delete"
+BLIND_MARK = "(blind vote: decoders hidden)"
 NO_SELECTION = '<div class="lane-info">no session selected</div>'
 
 
 def visible_sessions(owner_key: Any = None, open_sid: Any = None) -> list[dict[str, Any]]:
     """The sessions the Sessions tab lists for a caller: every one for one user; on a hosted
-    instance the caller's own and the one open in their page (:mod:`playground.ownership`)."""
+    instance the caller's own and the one open in their page (:mod:`playground.ownership`).
+    A blind comparison that is not the caller's lists no decoders (:mod:`playground.blind`)."""
     store = default_store()
-    if one_user():
-        return store.list_sessions()
     who = owner_id(owner_key)
-    also = (open_sid,) if isinstance(open_sid, str) else ()
-    return store.list_sessions(owned_by=who or NOBODY, also=also)
+    if one_user():
+        listed = store.list_sessions()
+    else:
+        also = (open_sid,) if isinstance(open_sid, str) else ()
+        listed = store.list_sessions(owned_by=who or NOBODY, also=also)
+    return [{**s, "decoders": [BLIND_MARK]} if s.get("blind") and (who is None or s.get("owner") != who) else s
+            for s in listed]
 
 
 def session_rows(owner_key: Any = None, open_sid: Any = None) -> list[list[str]]:
@@ -126,9 +132,11 @@ def outcome_mark(session: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------- replay
 # The replay itself is the page's (playground.ui.replay); these name it for the Sessions tab,
 # the load of a share link and scripts.
-def replay_frame(page: ComparePage, sid: Any, request: Any = None, clear: bool = False) -> dict[Any, Any]:
-    """The first frame of a replay of session ``sid`` in ``page`` (:meth:`ReplayHandlers.frame`)."""
-    return page.replay.frame(sid, request, clear)
+def replay_frame(page: ComparePage, sid: Any, request: Any = None, clear: bool = False,
+                 key: Any = None) -> dict[Any, Any]:
+    """The first frame of a replay of session ``sid`` in ``page`` (:meth:`ReplayHandlers.frame`;
+    a blind one only for its owner's ``key``)."""
+    return page.replay.frame(sid, request, clear, key)
 
 
 def replay_step_plots(page: ComparePage, traces: list[dict[str, Any]] | None, step: Any,
@@ -236,7 +244,8 @@ class SessionsView:
                               listing + [self.selected, self.title, self.selected_label, *pending])
         self.export_btn.click(self.on_export, [self.selected, *who], [self.export_file, self.status])
         self.import_btn.upload(self.on_import, [self.import_btn, *who], listing)
-        opened = self.open_btn.click(self.on_open, [self.selected], self.page.page_outputs() + [self.tabs, self.status])
+        opened = self.open_btn.click(self.on_open, [self.selected, self.page.owner_key],
+                                     self.page.page_outputs() + [self.tabs, self.status])
         chain_replay(self.page, opened)
 
     # ---------------------------------------------------------------- handlers
@@ -324,6 +333,7 @@ class SessionsView:
             store = default_store()
             if not may_read_in_tab(store.session_owner(str(sid)), owner_key, open_sid, str(sid)):
                 raise PlaygroundError("only sessions made in this browser, or open in it, can be exported here")
+            blind.check_readable(store, str(sid), owner_key)
             title = store.session_summary(str(sid))["title"]
         except PlaygroundError as e:
             return refuse(str(e))
@@ -346,13 +356,13 @@ class SessionsView:
         listing[2] = status_html(f"Imported “{default_store().session_summary(sid)['title']}”.", "ok")
         return listing
 
-    def on_open(self, sid: str | None, request: gr.Request = None) -> dict[Any, Any]:
+    def on_open(self, sid: str | None, owner_key: Any = None, request: gr.Request = None) -> dict[Any, Any]:
         """Open the selected session in the Compare tab: its text first (:func:`replay_frame`);
-        the plots follow in the chained frame."""
+        the plots follow in the chained frame. A blind comparison opens for its owner only."""
         if not sid:
             gr.Warning("select a session first")
             return {self.status: status_html("select a session first", "error")}
-        up = replay_frame(self.page, sid, request, clear=True)
+        up = replay_frame(self.page, sid, request, clear=True, key=owner_key)
         up[self.tabs] = gr.Tabs(selected="compare")
         up[self.status] = status_html("Opened in the Compare tab.", "ok")
         return up
