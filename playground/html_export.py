@@ -18,7 +18,10 @@ import html
 import json
 from typing import Any
 
+from plotly.offline import get_plotlyjs
+
 import visualizers
+from playground.notes import notes_of
 from visualizers._common import empty_figure
 
 _CSS = """
@@ -28,6 +31,7 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; color: var
        max-width: 1100px; padding: 0 16px; line-height: 1.45; }
 h1 { font-size: 1.5em; margin-bottom: 4px; } h2 { font-size: 1.15em; margin: 0 0 6px; }
 .meta, .knobs, .lane-stats { color: var(--muted); font-size: 0.9em; }
+.notes { font-size: 0.9em; margin: 6px 0; } .notes ul { margin: 2px 0 0 1.2em; padding: 0; }
 .prompt { white-space: pre-wrap; background: var(--card); padding: 10px 12px; border-radius: 6px; }
 .lane { background: var(--card); border-radius: 8px; padding: 14px 16px; margin: 18px 0; }
 .tok-output { margin: 10px 0 6px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; }
@@ -78,8 +82,18 @@ def _across(name: str, fn: Any, runs: list[dict[str, Any]]) -> Any:
         return empty_figure(f"could not draw this plot: {type(e).__name__}", name)
 
 
-def lane_html(trace: dict[str, Any], lane: int) -> str:
-    """One lane's card: decoder and knobs, coloured output, legend, stats line, run plots."""
+def notes_list(notes: list[dict[str, Any]]) -> str:
+    """A lane's notes on its steps (:mod:`playground.notes`), escaped; empty without any."""
+    if not notes:
+        return ""
+    items = "".join(f'<li data-step="{int(n["step"])}"><b>step {int(n["step"])}</b>: {html.escape(n["text"])}</li>'
+                    for n in notes)
+    return f'<div class="notes"><b>Notes</b><ul>{items}</ul></div>'
+
+
+def lane_html(trace: dict[str, Any], lane: int, notes: list[dict[str, Any]] | None = None) -> str:
+    """One lane's card: decoder and knobs, coloured output, legend, stats line, the notes on its
+    steps, run plots."""
     metric = visualizers.auto_metric(trace)
     plots = "".join(_figure(fig, f"pg-lane{lane}-plot{k}", title)
                     for k, (title, fig) in enumerate(visualizers.run_figures(trace)))
@@ -89,13 +103,12 @@ def lane_html(trace: dict[str, Any], lane: int) -> str:
             f'{visualizers.tokens_html(trace, metric, lane=lane)}'
             f'{visualizers.legend_html(metric)}'
             f'<div class="lane-stats">{visualizers.stats_line(trace) or "—"}</div>'
+            f'{notes_list(notes or [])}'
             f'<div class="plots">{plots}</div></section>')
 
 
 def session_html(session: dict[str, Any]) -> str:
     """A loaded session (``Store.load_session``) as one self-contained HTML page."""
-    from plotly.offline import get_plotlyjs
-
     runs = [r for r in session.get("runs") or [] if isinstance(r, dict)]
     settings = session.get("settings") if isinstance(session.get("settings"), dict) else {}
     title = str(session.get("title") or "Decoder Playground session")
@@ -110,7 +123,8 @@ def session_html(session: dict[str, Any]) -> str:
         across = '<section class="lane"><h2>Across lanes</h2><div class="plots">' + "".join(
             _figure(_across(name, fn, runs), f"pg-compare{k}", name)
             for k, (name, fn) in enumerate(visualizers.COMPARE_PLOTS)) + "</div></section>"
-    body = "".join(lane_html(t, j) for j, t in enumerate(runs)) or '<p class="note">This session has no lanes.</p>'
+    notes = notes_of(session)
+    body = "".join(lane_html(t, j, [n for n in notes if n["lane"] == j]) for j, t in enumerate(runs)) or '<p class="note">This session has no lanes.</p>'
     # the page's own script is inlined as well: the file must render with no network at all
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

@@ -1,4 +1,5 @@
-"""``playground sessions ...``: list, show, tree, branch, export, import, rename and delete stored sessions.
+"""``playground sessions ...``: list, show, tree, branch, export (JSON or ``html``), note, import, rename
+and delete stored sessions.
 
 Branches (sessions continued from a forced token of another) are listed with where they left
 their parent; ``tree ID`` draws the branch tree a session belongs to; ``branch ID --lane N
@@ -18,6 +19,8 @@ from typing import Any
 
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
+from playground.html_export import session_html
+from playground.notes import notes_of
 from playground.store import Store, default_path, is_valid_session_id
 
 # Branching (the engine, torch) and the HTML export (plotly, the visualizers) are imported inside the
@@ -47,6 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ex.add_argument("--html", action="store_true",
                     help="one self-contained HTML file (text, stats, plots; plotly.js inlined) that opens offline")
     ex.add_argument("-o", "--output", default="-", metavar="FILE", help="file to write (default: stdout)")
+    hx = sub.add_parser("html", help="write a session as one self-contained HTML page (= export --html)")
+    hx.add_argument("id")
+    hx.add_argument("-o", "--output", default="-", metavar="FILE", help="file to write (default: stdout)")
+    nt = sub.add_parser("note", help="pin a note to a step of a lane (an empty text removes it); "
+                                     "without --text, list the session's notes")
+    nt.add_argument("id")
+    nt.add_argument("--lane", type=int, help="the lane, numbered from 1 as on the page")
+    nt.add_argument("--step", type=int, help="the step")
+    nt.add_argument("--text", default=None, help="the note")
     im = sub.add_parser("import", help="store a JSON export as a new session; prints its id")
     im.add_argument("file", help="export file, or - for stdin")
     im.add_argument("--json", action="store_true", help='print {"id": ...}')
@@ -67,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     br.add_argument("--token", type=int, required=True, help="the replacement token id")
     br.add_argument("--all", action="store_true", help="continue every lane from the edited prefix")
     br.add_argument("--json", action="store_true", help='print {"id": ...}')
-    for p in (ls, sh, ex, im, rn, rm, tr, br):
+    for p in (ls, sh, ex, hx, nt, im, rn, rm, tr, br):
         _add_db(p, top=False)
 
 
@@ -110,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     """Run a ``sessions`` subcommand; user errors raise :class:`PlaygroundError`."""
     cmd = getattr(args, "sessions_command", None)
     if cmd is None:
-        raise PlaygroundError("sessions needs a command: list, show, tree, branch, export, import, rename or delete")
+        raise PlaygroundError("sessions needs a command: list, show, tree, branch, export, html, note, import, "
+                              "rename or delete")
     store = _open(args, create=cmd == "import")
     try:
         return _COMMANDS[cmd](store, args)
@@ -196,9 +209,7 @@ def _show(store: Any, args: argparse.Namespace) -> int:
 def _export(store: Any, args: argparse.Namespace) -> int:
     if store is None:
         raise _missing(args.id)
-    if args.html:
-        from playground.html_export import session_html
-
+    if getattr(args, "html", False) or args.sessions_command == "html":
         text = session_html(store.load_session(args.id))
     else:
         text = json.dumps(store.export_session(args.id), ensure_ascii=False)
@@ -235,5 +246,21 @@ def _delete(store: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"list": _list, "show": _show, "export": _export, "import": _import,
+def _note(store: Any, args: argparse.Namespace) -> int:
+    if store is None:
+        raise _missing(args.id)
+    if args.text is None:
+        for n in notes_of(store.load_session(args.id)):
+            print(f"lane {n['lane'] + 1}, step {n['step']}: {n['text']}")
+        return 0
+    if args.lane is None or args.step is None:
+        raise PlaygroundError("a note needs --lane and --step")
+    if args.lane < 1:
+        raise PlaygroundError("lanes are numbered from 1")
+    store.set_note(args.id, args.lane - 1, args.step, args.text)
+    print(f"{'noted' if args.text.strip() else 'removed the note on'} lane {args.lane}, step {args.step}", file=sys.stderr)
+    return 0
+
+
+_COMMANDS = {"list": _list, "show": _show, "export": _export, "html": _export, "note": _note, "import": _import,
              "rename": _rename, "delete": _delete, "tree": _tree, "branch": _branch}

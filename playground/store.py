@@ -60,6 +60,7 @@ import sqlite_utils
 
 import playground.inputs as inputs
 import playground.ballots as ballot_rules
+import playground.notes as note_rules
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.core.trace import validate_trace_dict
@@ -538,6 +539,39 @@ class Store:
             while len(kept) > MAX_EXPLANATIONS:
                 kept.pop(next(iter(kept)))
             settings["explanations"] = kept
+            conn.execute("UPDATE sessions SET settings = ? WHERE id = ?", (json.dumps(settings), sid))
+
+        self._write(tx)
+
+    def set_note(self, sid: str, lane: Any, step: Any, text: Any, owned_by: str | None = None) -> None:
+        """Pin a note to ``step`` of ``lane`` (0-based) of a session, replacing the one there; an
+        empty text removes it (:mod:`playground.notes`). With ``owned_by``, only if that owner id
+        made the session; the lane and step must exist, at most ``MAX_NOTES`` per session."""
+        _check_id(sid)
+        lane, step = note_rules.check_place(lane, step)
+        text = note_rules.check_text(text)
+
+        def tx(conn: sqlite3.Connection) -> None:
+            self._check_owned(conn, sid, owned_by)
+            row = conn.execute("SELECT settings FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if row is None:
+                raise PlaygroundError(f"no session with id {sid}")
+            run = conn.execute("SELECT CASE WHEN json_valid(trace) THEN json_array_length(trace, '$.steps') END "
+                               "FROM runs WHERE session_id = ? AND lane = ?", (sid, lane)).fetchone()
+            if run is None:
+                raise PlaygroundError(f"the session has no lane {lane + 1}")
+            if step >= int(run[0] or 0):
+                raise PlaygroundError(f"lane {lane + 1} has steps 0 to {max(int(run[0] or 0) - 1, 0)}; no step {step}")
+            settings = json.loads(row[0])
+            kept = settings.get("notes") if isinstance(settings.get("notes"), dict) else {}
+            key = note_rules.note_key(lane, step)
+            if not text:
+                kept.pop(key, None)
+            else:
+                if key not in kept and len(kept) >= note_rules.MAX_NOTES:
+                    raise PlaygroundError(f"this session has {note_rules.MAX_NOTES} notes; remove one first")
+                kept[key] = {"text": text, "updated": _now()}
+            settings["notes"] = kept
             conn.execute("UPDATE sessions SET settings = ? WHERE id = ?", (json.dumps(settings), sid))
 
         self._write(tx)

@@ -45,6 +45,7 @@ import gradio as gr
 from playground.ui.align import wire_align
 from playground.ui.branch_panel import BranchPanel
 from playground.ui.explain_panel import ExplainPanel
+from playground.ui.notes_panel import NotesPanel
 from playground.ui.inspector import InspectorHandlers
 from playground.ui.lane_config import LaneHandlers
 from playground.ui.layout import LaneUI, Layout
@@ -71,6 +72,7 @@ class ComparePage(Layout):
         self.replay = ReplayHandlers(self, sessions, self.config, self.inspector)
         self.branch = BranchPanel(self, self.config.open_session)
         self.explain = ExplainPanel(self)
+        self.notes = NotesPanel(self)
         # lane configuration
         self.on_preset, self.on_model = self.config.on_preset, self.config.on_model
         self.on_budget = self.config.on_budget
@@ -93,7 +95,8 @@ class ComparePage(Layout):
         super().build(knob_render=self.config.knob_render, build_branch=self.build_panels)
 
     def build_panels(self) -> None:
-        """The inspector's panels above its columns: Branch, then Explain."""
+        """The inspector's panels above its columns: Notes, Branch, then Explain."""
+        self.notes.build()
         self.branch.build()
         self.explain.build()
 
@@ -106,6 +109,7 @@ class ComparePage(Layout):
         self.inspector.wire_inspector(demo)
         self.branch.wire(demo)
         self.explain.wire(demo)
+        self.notes.wire(demo)
         self.inspector.wire_metric(demo)
         self.run.wire_share(demo)
         self.replay.wire_load(demo)

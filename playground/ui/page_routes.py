@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from playground.core.errors import PlaygroundError
+from playground.html_export import session_html
 from playground.store import default_store
 from playground.ui.exports import ExportLinks, content_disposition, export_body
 from playground.ui.page_session import PageSessions
@@ -143,6 +144,14 @@ def feed_routes(sessions: PageSessions) -> tuple[Callable[[Any], Awaitable[Any]]
     return live, ack, stop
 
 
+def _export_bytes(sid: str, as_html: bool) -> bytes:
+    """Session ``sid`` as its JSON export, or as one self-contained HTML page."""
+    store = default_store()
+    if as_html:
+        return session_html(store.load_session(sid)).encode("utf-8")
+    return export_body(store.export_session(sid))
+
+
 def export_route(links: ExportLinks) -> Callable[[Any], Awaitable[Any]]:
     """``GET {PREFIX}/export/<token>``: the session a live export link names, streamed from the
     store as a JSON attachment (nothing is written to disk); 404 for any other token."""
@@ -152,11 +161,13 @@ def export_route(links: ExportLinks) -> Callable[[Any], Awaitable[Any]]:
             return Response("this export link has expired; press Export again", status_code=404,
                             media_type="text/plain")
         sid, filename = hit
+        as_html = filename.endswith(".html")
         try:
-            body = export_body(default_store().export_session(sid))
+            # off the event loop: an HTML page draws every plot of the session
+            body = await to_thread.run_sync(lambda: _export_bytes(sid, as_html))
         except PlaygroundError as e:
             return Response(str(e), status_code=404, media_type="text/plain")
-        return Response(body, media_type="application/json",
+        return Response(body, media_type="text/html; charset=utf-8" if as_html else "application/json",
                         headers={"Content-Disposition": content_disposition(filename), "Cache-Control": "no-store"})
 
     return export

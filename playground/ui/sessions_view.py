@@ -224,6 +224,7 @@ class SessionsView:
             self.rename_btn = gr.Button("Rename", elem_id="session-rename", scale=1)
             self.delete_btn = gr.Button(DELETE_LABEL, variant="stop", elem_id="session-delete", scale=1)
             self.export_btn = gr.Button("Export JSON", elem_id="session-export", scale=1)
+            self.export_html_btn = gr.Button("Export HTML", elem_id="session-export-html", scale=1)
         # a download link to the page's export route: the export streams from the store, no file
         self.export_file = gr.HTML("", elem_id="session-export-file", visible=False)
 
@@ -243,6 +244,7 @@ class SessionsView:
         self.delete_btn.click(self.on_delete, [self.selected, *who, self.confirm],
                               listing + [self.selected, self.title, self.selected_label, *pending])
         self.export_btn.click(self.on_export, [self.selected, *who], [self.export_file, self.status])
+        self.export_html_btn.click(self.on_export_html, [self.selected, *who], [self.export_file, self.status])
         self.import_btn.upload(self.on_import, [self.import_btn, *who], listing)
         opened = self.open_btn.click(self.on_open, [self.selected, self.page.owner_key],
                                      self.page.page_outputs() + [self.tabs, self.status])
@@ -320,7 +322,12 @@ class SessionsView:
         except PlaygroundError as e:
             return self._warn(str(e)) + keep + list(_no_pending())
 
-    def on_export(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
+    def on_export_html(self, sid: Any, owner_key: Any = None, open_sid: Any = None) -> list[Any]:
+        """A download link for the selected session as one self-contained HTML page (made when
+        clicked, :func:`playground.html_export.session_html`), under the same rules as JSON."""
+        return self.on_export(sid, owner_key, open_sid, kind="html")
+
+    def on_export(self, sid: Any, owner_key: Any = None, open_sid: Any = None, kind: str = "json") -> list[Any]:
         """A download link for the selected session's export (streamed from the store when
         clicked, for the next ten minutes; nothing is written to disk)."""
         def refuse(msg: str) -> list[Any]:
@@ -338,6 +345,8 @@ class SessionsView:
         except PlaygroundError as e:
             return refuse(str(e))
         name = safe_filename(title or "session")
+        if kind == "html":
+            name = name[: -len(".json")] + ".html"
         token = self.exports.issue(str(sid), name)
         link = (f'<a class="pg-export-link" href="{EXPORT_ROUTE}/{token}" download="{esc(name)}">'
                 f'⇩ Download {esc(name)}</a>')
