@@ -1,15 +1,18 @@
 """A stored session as one self-contained HTML file: opens from disk, no server, no network.
 
-The file holds the session's title, model, seed and prompt, then per lane its decoder and knobs,
-its output with the token colouring the page gives it under "auto" (``visualizers.tokens``,
-token text HTML-escaped), the colouring's legend, the lane's stats line, and its whole-run plots
-(``visualizers.run_figures``); a comparison of several lanes adds the plots across lanes
-(``visualizers.COMPARE_PLOTS``). Every figure is embedded as its plotly JSON in a
+The file holds the session's title, model, seed and prompt, a step scrubber shared by the lanes,
+then per lane its decoder and knobs, its output with the token colouring the page gives it under
+"auto" (``visualizers.tokens``, token text HTML-escaped; a click on a token moves the scrubber to
+its step), the colouring's legend, the lane's stats line, the notes on its steps, the plots of
+the step under the scrubber (``visualizers.step_figures`` of every step, the first
+:data:`MAX_EXPORT_STEPS`) and its whole-run plots (``visualizers.run_figures``); a comparison of
+several lanes adds the plots across lanes (``visualizers.COMPARE_PLOTS``). Every figure is embedded as its plotly JSON in a
 ``<script type="application/json">`` block and drawn by plotly.js, which is inlined once
 (``plotly.offline.get_plotlyjs()``, about 5 MB). Nothing refers to a URL, so the file reads the
 same offline in any browser; nothing needs a model.
 
-``playground sessions export ID --html -o file.html`` writes it (``playground/sessions_cli.py``).
+``playground sessions html ID -o file.html`` writes it (``playground/sessions_cli.py``), and so
+does the Sessions tab's *Export HTML*.
 """
 
 from __future__ import annotations
@@ -38,23 +41,69 @@ h1 { font-size: 1.5em; margin-bottom: 4px; } h2 { font-size: 1.15em; margin: 0 0
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 10px; margin-top: 10px; }
 .plot { min-height: 450px; }
 .note { color: var(--muted); font-size: 0.85em; }
+.scrub { position: sticky; top: 0; z-index: 5; background: Canvas; padding: 8px 0; display: flex; gap: 12px;
+         align-items: center; } .scrub input { flex: 1; }
+.step-plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 10px; }
+.tok.pg-current { outline: 2px solid #6366f1; border-radius: 3px; }
 """
 
-# Draws every embedded figure; the figures' JSON sits in script blocks, so no markup is built from it.
+# Draws every embedded figure; the figures' JSON sits in script blocks, so no markup is built
+# from it. The step scrubber redraws each lane's step plots from its block of steps (an HTML plot
+# is the page's own escaped markup) and marks the tokens that step committed.
 _DRAW = """
+var PG_CONFIG = {displaylogo: false, responsive: true};
 document.querySelectorAll('script[type="application/json"][data-figure]').forEach(function (el) {
   var fig = JSON.parse(el.textContent);
   var div = document.getElementById(el.getAttribute('data-figure'));
-  Plotly.newPlot(div, fig.data || [], fig.layout || {}, {displaylogo: false, responsive: true});
+  Plotly.newPlot(div, fig.data || [], fig.layout || {}, PG_CONFIG);
 });
+var pgSteps = [];
+document.querySelectorAll('script[type="application/json"][data-steps]').forEach(function (el) {
+  pgSteps.push({lane: el.getAttribute('data-steps'), steps: JSON.parse(el.textContent)});
+});
+function pgShowStep(step) {
+  document.getElementById('pg-step-label').textContent = 'step ' + step;
+  pgSteps.forEach(function (l) {
+    var box = document.getElementById('pg-lane' + l.lane + '-step');
+    var s = Math.min(step, l.steps.length - 1);
+    box.replaceChildren();
+    var head = document.createElement('div'); head.className = 'note';
+    head.textContent = 'step ' + s + (s < step ? ' (its last)' : '');
+    box.appendChild(head);
+    var grid = document.createElement('div'); grid.className = 'step-plots'; box.appendChild(grid);
+    (l.steps[s] || []).forEach(function (p) {
+      var div = document.createElement('div'); grid.appendChild(div);
+      if (p.html !== undefined) { div.innerHTML = p.html; return; }
+      div.className = 'plot'; div.title = p.title;
+      Plotly.newPlot(div, p.fig.data || [], p.fig.layout || {}, PG_CONFIG);
+    });
+    var lane = document.querySelector('section.lane[data-lane="' + l.lane + '"]');
+    lane.querySelectorAll('.tok.pg-current').forEach(function (t) { t.classList.remove('pg-current'); });
+    lane.querySelectorAll('.tok[data-step="' + s + '"]').forEach(function (t) { t.classList.add('pg-current'); });
+  });
+}
+var pgScrub = document.getElementById('pg-step');
+if (pgScrub) {
+  pgScrub.addEventListener('input', function () { pgShowStep(parseInt(pgScrub.value, 10)); });
+  document.querySelectorAll('.tok[data-step]').forEach(function (t) {
+    t.addEventListener('click', function () { pgScrub.value = t.getAttribute('data-step'); pgShowStep(parseInt(pgScrub.value, 10)); });
+  });
+  pgShowStep(parseInt(pgScrub.value, 10));
+}
 """
+MAX_EXPORT_STEPS = 200  # steps per lane whose plots the file carries (the scrubber's range)
+
+
+def _escaped_json(value: Any) -> str:
+    """``value`` as JSON (a string is taken as JSON already) with ``<``, ``>`` and ``&`` escaped,
+    so no text inside can end the script block that holds it."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _json_block(value: Any, div_id: str) -> str:
-    """``value``'s JSON as a script data block (``<`` escaped, so no text inside can end the block)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f'<script type="application/json" data-figure="{html.escape(div_id)}">{text}</script>'
+    """``value``'s JSON as a script data block naming the div it draws into."""
+    return f'<script type="application/json" data-figure="{html.escape(div_id)}">{_escaped_json(value)}</script>'
 
 
 def _figure(fig: Any, div_id: str, title: str) -> str:
@@ -91,6 +140,24 @@ def notes_list(notes: list[dict[str, Any]]) -> str:
     return f'<div class="notes"><b>Notes</b><ul>{items}</ul></div>'
 
 
+def _step_plot(title: str, plot: Any) -> dict[str, Any]:
+    """One step plot as the scrubber draws it: a figure's JSON, or a plot's own HTML."""
+    if isinstance(plot, str):
+        return {"title": title, "html": plot}
+    try:
+        return {"title": title, "fig": json.loads(plot.to_json())}
+    except Exception as e:  # noqa: BLE001 - one odd figure must not lose the rest of the export
+        return {"title": title, "fig": json.loads(empty_figure(f"could not serialise this plot: {type(e).__name__}",
+                                                              title).to_json())}
+
+
+def steps_block(trace: dict[str, Any], lane: int) -> str:
+    """Every step's plots of a lane (the first :data:`MAX_EXPORT_STEPS`) as one data block."""
+    n = min(visualizers.step_count(trace), MAX_EXPORT_STEPS)
+    steps = [[_step_plot(t, p) for t, p in visualizers.step_figures(trace, i)] for i in range(n)]
+    return f'<script type="application/json" data-steps="{int(lane)}">{_escaped_json(steps)}</script>'
+
+
 def lane_html(trace: dict[str, Any], lane: int, notes: list[dict[str, Any]] | None = None) -> str:
     """One lane's card: decoder and knobs, coloured output, legend, stats line, the notes on its
     steps, run plots."""
@@ -104,7 +171,9 @@ def lane_html(trace: dict[str, Any], lane: int, notes: list[dict[str, Any]] | No
             f'{visualizers.legend_html(metric)}'
             f'<div class="lane-stats">{visualizers.stats_line(trace) or "—"}</div>'
             f'{notes_list(notes or [])}'
-            f'<div class="plots">{plots}</div></section>')
+            f'<h3>The step under the scrubber</h3><div id="pg-lane{lane}-step"></div>'
+            f'{steps_block(trace, lane) if visualizers.step_count(trace) else ""}'
+            f'<h3>The whole run</h3><div class="plots">{plots}</div></section>')
 
 
 def session_html(session: dict[str, Any]) -> str:
@@ -124,7 +193,12 @@ def session_html(session: dict[str, Any]) -> str:
             _figure(_across(name, fn, runs), f"pg-compare{k}", name)
             for k, (name, fn) in enumerate(visualizers.COMPARE_PLOTS)) + "</div></section>"
     notes = notes_of(session)
-    body = "".join(lane_html(t, j, [n for n in notes if n["lane"] == j]) for j, t in enumerate(runs)) or '<p class="note">This session has no lanes.</p>'
+    top = min(max((visualizers.step_count(t) for t in runs), default=0), MAX_EXPORT_STEPS)
+    scrub = ("" if top == 0 else
+             f'<div class="scrub"><label for="pg-step">Step (all lanes; click a token to jump)</label>'
+             f'<input type="range" id="pg-step" min="0" max="{top - 1}" value="{top - 1}" step="1">'
+             f'<span id="pg-step-label"></span></div>')
+    body = scrub + "".join(lane_html(t, j, [n for n in notes if n["lane"] == j]) for j, t in enumerate(runs)) or '<p class="note">This session has no lanes.</p>'
     # the page's own script is inlined as well: the file must render with no network at all
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

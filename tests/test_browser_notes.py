@@ -63,5 +63,17 @@ def test_a_note_on_a_step_is_kept_and_shown_on_the_link_and_in_the_html_export(p
         q.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
         body = q.locator("body").inner_text()
         assert NOTE in body and "notes check" in body
+        # every embedded figure is drawn, the step plots of both lanes too
+        blocks = text.count('type="application/json" data-figure=')
+        q.wait_for_function(f"() => document.querySelectorAll('.plot .js-plotly-plot, .plot.js-plotly-plot').length >= {blocks}")
+        assert q.locator("#pg-lane0-step .js-plotly-plot").count() >= 1
+        # the scrubber: a step's plots and its tokens follow it; a token click moves it
+        q.locator("#pg-step").evaluate("e => { e.value = '1'; e.dispatchEvent(new Event('input')); }")
+        assert q.locator("#pg-step-label").inner_text() == "step 1"
+        assert q.locator("section.lane[data-lane='1'] .tok.pg-current").first.get_attribute("data-step") == "1"
+        assert "step 1" in q.locator("#pg-lane1-step").inner_text()
+        q.locator("section.lane[data-lane='0'] .tok[data-step='4']").first.click()
+        assert q.locator("#pg-step").input_value() == "4"
+        assert q.locator("section.lane[data-lane='1'] .tok.pg-current").first.get_attribute("data-step") == "4"
     finally:
         ctx.close()

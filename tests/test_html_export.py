@@ -93,6 +93,27 @@ def test_the_figures_json_is_embedded(stored, page):
     assert "Plotly.newPlot" in _body(page)
 
 
+@pytest.mark.slow
+def test_every_steps_plots_are_embedded_for_the_scrubber(stored, page):
+    _, _, session = stored
+    blocks = {m.group(1): json.loads(m.group(2)) for m in
+              re.finditer(r'<script type="application/json" data-steps="(\d+)">(.*?)</script>', page, re.S)}
+    assert sorted(blocks) == [str(j) for j in range(len(session["runs"]))]
+    for j, run in enumerate(session["runs"]):
+        steps = blocks[str(j)]
+        assert len(steps) == visualizers.step_count(run) > 0
+        for i in (0, len(steps) - 1):
+            want = visualizers.step_figures(run, i)
+            assert [p["title"] for p in steps[i]] == [t for t, _ in want]
+            for p, (_, fig) in zip(steps[i], want):
+                if isinstance(fig, str):
+                    assert p["html"] == fig
+                else:
+                    assert p["fig"]["data"] == json.loads(fig.to_json())["data"]
+    top = max(visualizers.step_count(r) for r in session["runs"])
+    assert f'<input type="range" id="pg-step" min="0" max="{top - 1}" value="{top - 1}"' in page
+
+
 def test_an_empty_session_still_renders():
     text = session_html({"id": "x", "title": "empty", "model": "m", "prompt": "", "runs": []})
     assert "has no lanes" in text and text.rstrip().endswith("</html>")
