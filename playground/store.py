@@ -647,6 +647,16 @@ class Store:
             rows = self.conn.execute(query + " ORDER BY created, rowid", args).fetchall()
         return [{"session": r[0], "ballot": json.loads(r[1]), "reason": r[2], "created": r[3]} for r in rows]
 
+    def sessions_with_setting(self, path: str, value: Any) -> list[str]:
+        """The ids of the sessions whose settings hold ``value`` at JSON path ``path`` (e.g.
+        ``$.sweep.fingerprint``), oldest first."""
+        if not isinstance(path, str) or not re.fullmatch(r"\$(\.[A-Za-z_][A-Za-z0-9_]*)+", path):
+            raise PlaygroundError(f"not a settings path: {path!r}")
+        with self._lock:
+            rows = self.conn.execute("SELECT id FROM sessions WHERE json_valid(settings) AND "
+                                     "json_extract(settings, ?) = ? ORDER BY created, rowid", (path, value)).fetchall()
+        return [r[0] for r in rows]
+
     def voted_sessions(self, reader: str) -> list[str]:
         """The ids of the sessions ``reader`` (an owner id) voted on, oldest vote first."""
         with self._lock:

@@ -28,8 +28,11 @@ import math
 import os
 import sys
 from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from tqdm import tqdm
 
 from decoders import get_decoder
 from playground.api import plan_compare, prepare_lanes
@@ -146,8 +149,11 @@ def cell_title(knobs: dict[str, Any], seed: int) -> str:
 
 
 # ---------------------------------------------------------------------- stored sweeps
-def sweep_sessions(store: Any) -> list[dict[str, Any]]:
-    """The store's sweep sessions (the greedy reference and every cell run), in stored order."""
+def sweep_sessions(store: Any, fp: str | None = None) -> list[dict[str, Any]]:
+    """The store's sweep sessions (the greedy reference and every cell run), in stored order; of
+    the sweep with fingerprint ``fp`` only, when given (found by the store, not by reading all)."""
+    if fp is not None:
+        return [store.load_session(sid) for sid in store.sessions_with_setting("$.sweep.fingerprint", fp)]
     out = []
     for s in reversed(store.list_sessions()):
         sess = store.load_session(s["id"])
@@ -338,61 +344,105 @@ def _parse_params(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _run_sweep(args: argparse.Namespace) -> None:
-    cls = get_decoder(args.decoder)
-    fixed = _parse_params(args.param)
-    grid = build_grid(args.decoder, [parse_knob(k) for k in args.knob], fixed, args.repeats, args.max_new_tokens)
-    prompt = args.prompt if args.prompt is not None else read_prompts(DEFAULT_PROMPTS)[0][1]
-    lanes = [{"decoder": args.decoder, "knobs": c["params"], "draft": args.draft} for c in grid["cells"]]
+@dataclass(frozen=True)
+class SweepRequest:
+    """What a sweep runs: one decoder over ``knobs`` (name and value texts, :func:`parse_knob`),
+    other knobs ``fixed``, on one prompt, from ``seed`` (``repeats`` seeds per cell)."""
+
+    decoder: str
+    knobs: list[tuple[str, list[str]]]
+    prompt: str
+    fixed: dict[str, Any] = field(default_factory=dict)
+    draft: str | None = None
+    model: str | None = None
+    seed: int = 0
+    repeats: int = 1
+    max_new_tokens: int = 32
+    scorer: str | None = None
+
+
+def plan_sweep(req: SweepRequest) -> tuple[dict[str, Any], Any]:
+    """The grid (:func:`build_grid`) and the checked comparison plan of the first cell (prompt,
+    model, seed, budget), before anything runs or is stored; one line for anything refused."""
+    grid = build_grid(req.decoder, req.knobs, req.fixed, req.repeats, req.max_new_tokens)
+    lanes = [{"decoder": req.decoder, "knobs": c["params"], "draft": req.draft} for c in grid["cells"]]
     # the prompt and the settings are checked once here; each run's lane by prepare_lanes
-    base = plan_compare(lanes=lanes[:1], model=args.model, prompt=prompt, seed=args.seed,
-                        max_new_tokens=args.max_new_tokens)
-    load_kwargs = {"device": args.device, "dtype": args.dtype}
-    scorer_name = args.scorer or base.model
+    return grid, plan_compare(lanes=lanes[:1], model=req.model, prompt=req.prompt, seed=req.seed,
+                              max_new_tokens=req.max_new_tokens)
+
+
+def run_sweep(store: Any, req: SweepRequest, load_kwargs: dict[str, Any] | None = None, owner: str | None = None,
+              exclusive: bool = True, on_run: Callable[[int, int], None] | None = None) -> str:
+    """Run every cell of ``req`` not yet in ``store`` (the greedy reference first, for a causal
+    decoder) and store each as a one-lane session (of ``owner``); return the sweep's fingerprint.
+
+    ``exclusive``: the store holds this sweep alone (the command line's ``--out``), so one with
+    other settings is refused; the page's store holds many, told apart by fingerprint.
+    ``on_run(done, total)`` is told after each stored run."""
+    cls = get_decoder(req.decoder)
+    grid, base = plan_sweep(req)
+    load_kwargs = dict(load_kwargs or {})
+    scorer_name = req.scorer or base.model
     axes = [{"name": a["name"], "values": a["values"]} for a in grid["knobs"]]
-    fp = fingerprint({"decoder": args.decoder, "axes": axes, "fixed": fixed, "draft": args.draft,
-                      "model": base.model, "prompt": prompt, "seed": base.seed, "repeats": args.repeats,
-                      "max_new_tokens": base.max_new_tokens, "scorer": scorer_name})
-    common = {"fingerprint": fp, "decoder": args.decoder, "axes": axes, "repeats": args.repeats}
-    with Store(args.out) as store:
-        done = stored_runs(store, fp)
-        todo: list[tuple[str, dict[str, Any] | None, int]] = []
-        if cls.kind == "causal" and ("greedy",) not in done:
-            todo.append(("greedy", None, 0))
-        todo += [("cell", c, r) for c in grid["cells"] for r in range(args.repeats)
-                 if ("cell", tuple(c["index"]), r) not in done]
-        if not todo:
-            return
-        scorer = load_model(scorer_name, **load_kwargs)
-        if scorer.kind != "causal":
-            raise PlaygroundError(f"the scorer {scorer_name!r} is a {scorer.kind} model; give a causal --scorer")
-        bar = _progress(len(todo), args.no_progress)
+    fp = fingerprint({"decoder": req.decoder, "axes": axes, "fixed": req.fixed, "draft": req.draft,
+                      "model": base.model, "prompt": req.prompt, "seed": base.seed, "repeats": req.repeats,
+                      "max_new_tokens": base.max_new_tokens, "scorer": scorer_name,
+                      **({"owner": owner} if owner else {})})
+    common = {"fingerprint": fp, "decoder": req.decoder, "axes": axes, "repeats": req.repeats}
+    done = stored_runs(store, fp) if exclusive else {_run_key(s["settings"]["sweep"]) for s in sweep_sessions(store, fp)}
+    todo: list[tuple[str, dict[str, Any] | None, int]] = []
+    if cls.kind == "causal" and ("greedy",) not in done:
+        todo.append(("greedy", None, 0))
+    todo += [("cell", c, r) for c in grid["cells"] for r in range(req.repeats)
+             if ("cell", tuple(c["index"]), r) not in done]
+    if not todo:
+        return fp
+    scorer = load_model(scorer_name, **load_kwargs)
+    if scorer.kind != "causal":
+        raise PlaygroundError(f"the scorer {scorer_name!r} is a {scorer.kind} model; give a causal --scorer")
+    for n, (role, cell, r) in enumerate(todo, start=1):
+        seed = base.seed + r
+        lane = {"decoder": "greedy"} if cell is None else {"decoder": req.decoder, "knobs": cell["params"], "draft": req.draft}
+        plan = plan_compare(lanes=[lane], model=base.model, prompt=req.prompt, seed=seed,
+                            max_new_tokens=base.max_new_tokens)
         try:
-            for role, cell, r in todo:
-                seed = base.seed + r
-                lane = {"decoder": "greedy"} if cell is None else \
-                    {"decoder": args.decoder, "knobs": cell["params"], "draft": args.draft}
-                plan = plan_compare(lanes=[lane], model=base.model, prompt=prompt, seed=seed,
-                                    max_new_tokens=base.max_new_tokens)
-                try:
-                    trace = prepare_lanes(plan, load_kwargs=load_kwargs)[0].finish().to_dict()
-                except PlaygroundError as e:
-                    where = "greedy" if cell is None else cell_title(cell["knobs"], seed)
-                    raise PlaygroundError(f"{where}: {e}") from None
-                trace["score"] = {"scorer": scorer.name, **score_text(scorer, prompt, trace["text"])}
-                info = {**common, "role": role}
-                if cell is not None:
-                    info.update(cell=cell["index"], knobs=cell["knobs"], repeat=r)
-                settings = {"seed": seed, "max_new_tokens": plan.max_new_tokens, "policy": plan.policy,
-                            "lanes": [dict(x) for x in plan.lanes], "preset": None, "sweep": info}
-                title = "sweep reference: greedy" if cell is None else cell_title(cell["knobs"], seed)
-                store.save_session(title, plan.model, prompt, settings, [trace])
+            trace = prepare_lanes(plan, load_kwargs=load_kwargs)[0].finish().to_dict()
+        except PlaygroundError as e:
+            where = "greedy" if cell is None else cell_title(cell["knobs"], seed)
+            raise PlaygroundError(f"{where}: {e}") from None
+        trace["score"] = {"scorer": scorer.name, **score_text(scorer, req.prompt, trace["text"])}
+        info = {**common, "role": role}
+        if cell is not None:
+            info.update(cell=cell["index"], knobs=cell["knobs"], repeat=r)
+        settings = {"seed": seed, "max_new_tokens": plan.max_new_tokens, "policy": plan.policy,
+                    "lanes": [dict(x) for x in plan.lanes], "preset": None, "sweep": info}
+        title = "sweep reference: greedy" if cell is None else cell_title(cell["knobs"], seed)
+        store.save_session(title, plan.model, req.prompt, settings, [trace], owner=owner)
+        if on_run is not None:
+            on_run(n, len(todo))
+    return fp
+
+
+def _run_sweep(args: argparse.Namespace) -> None:
+    prompt = args.prompt if args.prompt is not None else read_prompts(DEFAULT_PROMPTS)[0][1]
+    req = SweepRequest(decoder=args.decoder, knobs=[parse_knob(k) for k in args.knob], fixed=_parse_params(args.param),
+                       draft=args.draft, model=args.model, prompt=prompt, seed=args.seed, repeats=args.repeats,
+                       max_new_tokens=args.max_new_tokens, scorer=args.scorer)
+    plan_sweep(req)  # refused before the --out store is made
+    with Store(args.out) as store:
+        bar = None
+        try:
+            def step(done: int, total: int) -> None:
+                nonlocal bar
+                if bar is None:
+                    bar = _progress(total, args.no_progress)
                 bar.update(1)
+
+            run_sweep(store, req, load_kwargs={"device": args.device, "dtype": args.dtype}, on_run=step)
         finally:
-            bar.close()
+            if bar is not None:
+                bar.close()
 
 
 def _progress(total: int, off: bool) -> Any:
-    from tqdm import tqdm
-
     return tqdm(total=total, desc="sweep", unit="run", file=sys.stderr, disable=off, leave=True, dynamic_ncols=True)
