@@ -1,6 +1,6 @@
 """The Gradio UI: a Compare page (lanes racing, step inspector, sharing), a Sessions view, a
 Study view (a ``playground study`` file's aggregate, drilled down to any prompt), a
-Watermark detector, the sampler Sandbox and the Results of blind votes; beside them the
+Watermark detector, the sampler Sandbox, knob Sweeps and the Results of blind votes; beside them the
 blind comparisons' own vote page (:mod:`playground.ui.vote_page`).
 
 ``build_app()`` returns the Blocks; ``launch(demo)`` starts it with the page's CSS and the
@@ -26,6 +26,7 @@ from playground.ui.results_view import ResultsView
 from playground.ui.sandbox_view import SandboxView
 from playground.ui.sessions_view import SessionsView
 from playground.ui.study_view import StudyView
+from playground.ui.sweep_view import SweepView
 from playground.ui.vote_page import vote_routes
 from playground.ui.watermark_view import WatermarkView
 
@@ -46,7 +47,7 @@ def css() -> str:
 
 
 def build_app() -> gr.Blocks:
-    """Build the Gradio Blocks app (Compare, Sessions, Study, Watermark, Sandbox and Results tabs) with its public API endpoints
+    """Build the Gradio Blocks app (Compare, Sessions, Study, Watermark, Sandbox, Sweep and Results tabs) with its public API endpoints
     (``playground/ui/api_endpoints.py``); every UI handler is private to the API."""
     registry = PageSessions()  # one per app: what the server holds for each open page
 
@@ -71,6 +72,9 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Sandbox", id="sandbox", elem_id="tab-sandbox"):
                 sandbox = SandboxView(page)
                 sandbox.build()
+            with gr.Tab("Sweep", id="sweep", elem_id="tab-sweep"):
+                sweep = SweepView(page)
+                sweep.build()
             with gr.Tab("Results", id="results", elem_id="tab-results") as results_tab:
                 results = ResultsView(page)
                 results.build()
@@ -79,6 +83,7 @@ def build_app() -> gr.Blocks:
         study.wire(demo)
         watermark.wire(demo)
         sandbox.wire(demo)
+        sweep.wire(demo)
         results.wire(demo, results_tab)
 
         def page_gone(request: gr.Request) -> None:
@@ -93,6 +98,7 @@ def build_app() -> gr.Blocks:
     demo.watermark_view = watermark  # type: ignore[attr-defined]
     demo.sandbox_view = sandbox  # type: ignore[attr-defined]
     demo.results_view = results  # type: ignore[attr-defined]
+    demo.sweep_view = sweep  # type: ignore[attr-defined]
     return demo
 
 
