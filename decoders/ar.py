@@ -317,7 +317,7 @@ def token_loop(ctx: Context, pick: Picker, decoder: Any) -> Iterator[Step]:
 
 def constraint_stage(ctx: Context) -> Stage | None:
     """The run's constraint stage, or None when the decoder has no constraint knob set."""
-    return stage_for(ctx.target, ctx.params)
+    return stage_for(ctx.target, ctx.params, ctx.max_new_tokens)  # the budget: json_close counts from it
 
 
 def greedy_probs(logits: torch.Tensor) -> tuple[torch.Tensor, int]:

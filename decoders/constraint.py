@@ -23,6 +23,19 @@ Knob syntax. ``regex``: Rust regex syntax, matched against the whole output (``[
 to embed a JSON Schema; see https://github.com/guidance-ai/llguidance/blob/main/docs/syntax.md).
 ``logit_bias``: ``{"token id or one-token text": bias}``; ``bad_words``: a JSON list or comma list.
 
+``json_close`` (json_schema only; tokens, 0 = off): a lane that spends its budget inside an open
+structure ends with text ``json.loads`` refuses. Once at most ``json_close`` tokens are left, the
+mask keeps only tokens after which a *closing walk* reaches a state the grammar accepts within
+the tokens still left (see :meth:`Row._narrow`), so the lane closes its strings, objects and
+arrays in time. Simplified: the walk is greedy (forced tokens, else closing characters ``"}]``,
+else the shortest JSON values, else the longest allowed token), not a shortest-path search, so
+it can miss a completion that exists and narrow more than needed (what it keeps does complete);
+only the ``CLOSE_CANDIDATES`` most likely allowed tokens (plus the walk's own first token and EOS
+where the grammar accepts) are tried each step; and a window too short for the structure's
+shortest closing still forces the walk's tokens, which gets the text closer but leaves the lane
+incomplete (its stats say so). The narrowed steps record ``json_close`` evidence (tokens left,
+whether the closing fits, its length, the tokens kept) and a ``json_close`` chain stage.
+
 llguidance was chosen over xgrammar and outlines-core (see the pyproject commit): a CPU wheel
 with no torch pin, regex, JSON Schema and Lark-style grammars in one engine, masks straight from
 a Hugging Face fast tokenizer and matcher state that rolls back token by token.
@@ -40,13 +53,19 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from decoders.base import Bool, Param, PlaygroundError, Text
+from decoders.base import Bool, Int, Param, PlaygroundError, Text
 from decoders.processors import gumbel_pick, stage_cut
 from decoders.token_text import view_token
 
 GRAMMAR_KNOBS = ("regex", "json_schema", "grammar")
 WORD_KNOBS = ("logit_bias", "bad_words")
 TOP_EVIDENCE = 5  # allowed and blocked tokens each step records
+MAX_JSON_CLOSE = 256  # json_close's range: a closing window longer than any tiny-model budget is pointless
+CLOSE_CANDIDATES = 8  # json_close checks this many most likely allowed tokens (each costs a closing walk)
+# the closing walk's first preference: tokens made only of these characters end a string, an
+# object or an array; a value position is filled by the shortest JSON values
+CLOSERS = frozenset('"}]')
+SHORT_VALUES = ("0", '""', "null", "[]", "{}", "true", "false", "1", "2", "3", "4", "5", "6", "7", "8", "9")
 MAX_BIAS = 100.0  # OpenAI's range: -100 bans a token in practice, +100 all but forces it
 
 
@@ -95,6 +114,15 @@ def check_grammar(knob: str, text: str, tokenizer: Any = None) -> str:
     return g
 
 
+class CloseInt(Int):
+    """The ``json_close`` knob: an :class:`~decoders.base.Int` that takes part in the stage's cross-check
+    (``Int`` itself has no ``cross_check`` argument)."""
+
+    def __init__(self, default: int, lo: int, hi: int, help: str = "") -> None:
+        super().__init__(default, lo, hi, help)
+        object.__setattr__(self, "cross_check", check_knobs)
+
+
 class GrammarText(Text):
     """A constraint knob (``regex``/``json_schema``/``grammar``): its syntax is checked on validation."""
 
@@ -119,6 +147,10 @@ def constraint_params(words: bool = True, healing: bool = False) -> dict[str, Pa
         grammar=GrammarText("", "constrain the output to this grammar, in llguidance's Lark syntax "
                                 "(start: rule; \"literals\", /regex/ terminals, %json{...}); empty = off",
                             cross_check=check_knobs),
+        json_close=CloseInt(0, 0, MAX_JSON_CLOSE,
+                            "json_schema only: once this many tokens (or fewer) are left of the budget, keep only "
+                            "tokens after which the JSON can still be closed in time (the rest of the budget); "
+                            "0 = off"),
     )
     if words:
         specs.update(
@@ -147,6 +179,13 @@ def check_knobs(decoder: str, params: dict[str, Any]) -> None:
     if len(set_grammars) > 1:
         raise PlaygroundError(f"decoder {decoder!r}: set only one of regex, json_schema, grammar "
                               f"(got {', '.join(set_grammars)})")
+    close = params.get("json_close", 0) or 0
+    if isinstance(close, bool) or not isinstance(close, int) or not 0 <= close <= MAX_JSON_CLOSE:
+        raise PlaygroundError(f"knob 'json_close' must be an integer in [0, {MAX_JSON_CLOSE}], got {close!r}")
+    if close and "json_schema" not in set_grammars:
+        # the closing walk prefers JSON's closing characters: on a regex or Lark grammar it would be a guess
+        raise PlaygroundError(f"decoder {decoder!r}: json_close needs json_schema (it closes a JSON structure "
+                              "before the budget runs out)")
     if params.get("token_healing") and set_grammars:
         raise PlaygroundError(f"decoder {decoder!r}: token_healing cannot be combined with {set_grammars[0]} "
                               "(the healed token re-spells the prompt, which the constraint does not cover)")
@@ -231,10 +270,18 @@ def _tokens_of(view: Any, text: str) -> list[int]:
 
 # ---------------------------------------------------------------------- the stage
 class Stage:
-    """What the constraint knobs of one run compiled to; makes :class:`Row` states."""
+    """What the constraint knobs of one run compiled to; makes :class:`Row` states.
 
-    def __init__(self, view: Any, params: dict[str, Any]) -> None:
+    ``budget`` is the run's ``max_new_tokens``: ``json_close`` counts the tokens left from it
+    (a row's position is its token count), so without a budget ``json_close`` does nothing.
+    """
+
+    def __init__(self, view: Any, params: dict[str, Any], budget: int | None = None) -> None:
         self.view = view
+        self.budget = int(budget) if budget is not None else None
+        self.close = int(params.get("json_close", 0) or 0)
+        self._closing_order: list[int] | None = None
+        self._token_bytes = np.zeros(0, dtype=np.int64)  # each token's length in bytes (closing_order fills it)
         self.vocab = int(view.vocab_size)
         self.eos = sorted(int(e) for e in getattr(view, "eos_ids", set()) or ())
         self.knob = next((k for k in GRAMMAR_KNOBS if str(params.get(k) or "").strip()), None)
@@ -286,6 +333,40 @@ class Stage:
                 mask[t] = True
         self.heal_mask = mask
         return ids[:-1]
+
+    @property
+    def closing(self) -> bool:
+        """Whether ``json_close`` narrows the mask of this run's last steps."""
+        return self.close > 0 and self.budget is not None and self.knob == "json_schema"
+
+    def closing_order(self) -> list[int]:
+        """Token ids the closing walk tries first, best first (computed once per stage).
+
+        Tokens made only of ``"``, ``}`` and ``]`` come first, longer ones before shorter (one
+        token that closes more is one step less); then the shortest JSON values (``0``, ``""``,
+        ``null``, ...) for a value position the grammar leaves open.
+        """
+        if self._closing_order is None:
+            special = set(self.eos) | set(getattr(self.view.tokenizer, "all_special_ids", []) or [])
+            closers: list[tuple[int, int]] = []
+            values: dict[str, int] = {}
+            self._token_bytes = np.zeros(self.vocab, dtype=np.int64)
+            for t in range(self.vocab):
+                if t in special:
+                    continue
+                raw = bytes(self.lt.decode_bytes([t]))
+                self._token_bytes[t] = len(raw)
+                try:
+                    text = raw.decode("utf-8")
+                except (UnicodeDecodeError, ValueError, TypeError):
+                    continue  # a partial UTF-8 byte closes nothing
+                if text and set(text) <= CLOSERS:
+                    closers.append((-len(text), t))
+                elif text in SHORT_VALUES and text not in values:
+                    values[text] = t
+            self._closing_order = [t for _, t in sorted(closers)] + \
+                [values[v] for v in SHORT_VALUES if v in values]
+        return self._closing_order
 
     def row(self) -> "Row":
         """A fresh per-hypothesis state at the start of the output."""
@@ -339,6 +420,75 @@ class Row:
         """True when the output so far satisfies the grammar (always, without one)."""
         return self.matcher is None or bool(self.matcher.is_accepting())
 
+    # -------------------------------------------------------------- json_close
+    def remaining(self) -> int | None:
+        """Tokens left of the run's budget, the next one included (None without a budget)."""
+        b = self.stage.budget
+        return None if b is None else b - len(self.ids)
+
+    def closing_walk(self, limit: int) -> list[int] | None:
+        """A token path of at most ``limit`` tokens from this row's state to one the grammar
+        accepts ([] when it accepts already), or None when the walk does not get there in time.
+
+        The walk is greedy, not a shortest-path search: at each state it takes llguidance's
+        forced tokens when the grammar leaves only one way on (``compute_ff_tokens``: ``"name":``
+        of a required property), else the first allowed token of :meth:`Stage.closing_order`
+        (closing characters, then the shortest values), else the longest allowed token (it fills a
+        ``minLength`` or an enum soonest). Every token is checked by the matcher, so a path it
+        returns is a real completion; one it misses may still exist.
+        """
+        if self.matcher is None:
+            return []
+        return _walk(self.stage, self.matcher.deep_copy(), limit)
+
+    def _narrow(self, x: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any] | None]:
+        """``json_close``: on the last ``json_close`` steps, the allowed tokens after which the
+        JSON can still be closed within the rest of the budget (see :meth:`closing_walk`).
+
+        Kept: EOS where the grammar accepts (the structure is complete), the first token of the
+        closing walk from here when that walk fits (its tail fits from there by construction), and
+        those of the :data:`CLOSE_CANDIDATES` most likely allowed tokens whose own walk fits in
+        the tokens left after them. When nothing fits (the window opened too late for this
+        structure) the first token of a longer walk is forced: the output gets as close to
+        complete as the budget allows. Returns the mask and the step's ``json_close`` evidence
+        (None on a step the knob leaves alone).
+        """
+        r = self.remaining()
+        if not self.stage.closing or self.matcher is None or r is None or not 0 < r <= self.stage.close:
+            return ok, None
+        size = ok.numel()
+        eos_ok = [e for e in self.stage.eos if e < size and bool(ok[e])]
+        plan = self.closing_walk(r)
+        q = x.float().masked_fill(~ok, float("-inf"))
+        for e in eos_ok:
+            q[e] = float("-inf")  # EOS is judged on its own: it fits exactly when the grammar accepts
+        n_cand = min(CLOSE_CANDIDATES, int(torch.isfinite(q).sum()))
+        cands = torch.topk(q, n_cand).indices.tolist() if n_cand else []
+        keep: set[int] = set(eos_ok)
+        if plan:
+            keep.add(int(plan[0]))
+        for t in cands:
+            if t in keep:
+                continue
+            m = self.matcher.deep_copy()
+            if m.consume_token(int(t)) and _walk(self.stage, m, r - 1) is not None:
+                keep.add(int(t))
+        fits = bool(keep)
+        if not keep:
+            longer = self.closing_walk(MAX_JSON_CLOSE)
+            if longer:
+                keep.add(int(longer[0]))
+        info: dict[str, Any] = {"remaining": r, "fits": fits,
+                                "closing_tokens": len(plan) if plan is not None else None}
+        if not keep:  # no walk at all: leave the grammar's own mask rather than leave no token
+            info["kept"] = int(ok.sum())
+            return ok, info
+        new = torch.zeros_like(ok)
+        new[sorted(keep)] = True
+        new &= ok
+        info["kept"] = int(new.sum())
+        return new, info
+
     # -------------------------------------------------------------- the mask
     def allowed(self, size: int) -> torch.Tensor:
         """Boolean mask over ``size`` token ids: which may come next."""
@@ -347,7 +497,7 @@ class Row:
         if m is not None:
             if m.is_error():
                 raise PlaygroundError(f"the {self.stage.knob} constraint failed: {_one_line(m.get_error())}")
-            bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            bits = _bits(m)
             n = min(size, bits.size)
             ok[:] = False
             ok[:n] = torch.from_numpy(bits[:n].astype(np.bool_))
@@ -382,7 +532,9 @@ class Row:
             x = x.clone()
             n = min(x.numel(), b.numel())
             x[:n] += b[:n].to(x.device)
-        ok = self.allowed(x.numel()).to(x.device)  # the matcher's mask is made on the CPU
+        ok = self.allowed(x.numel())  # the matcher's mask is made on the CPU
+        ok, closing = self._narrow(x.cpu(), ok)
+        ok = ok.to(x.device)
         n_ok = int(ok.sum())
         if n_ok == 0:
             what = self.stage.knob or "bad_words/token_healing"
@@ -390,11 +542,14 @@ class Row:
                                   f"after {len(self.ids)} generated token(s): it cannot be satisfied")
         masked = x.masked_fill(~ok, float("-inf"))
         if stages is not None:
-            self._stages(raw, x, masked, stages, noise)
-        return masked, self.evidence(x, ok)
+            self._stages(raw, x, masked, stages, noise, closing is not None)
+        ev = self.evidence(x, ok)
+        if closing is not None:
+            ev["json_close"] = closing
+        return masked, ev
 
     def _stages(self, raw: torch.Tensor, biased: torch.Tensor, masked: torch.Tensor,
-                stages: list[dict[str, Any]], noise: torch.Tensor | None) -> None:
+                stages: list[dict[str, Any]], noise: torch.Tensor | None, closing: bool = False) -> None:
         """The bias and the mask as chain stages (kept mass relative to the model's distribution)."""
         p_raw = torch.softmax(raw.float(), -1)
         steps = []
@@ -402,6 +557,7 @@ class Row:
             steps.append(("logit_bias", raw, biased))
         what = [self.stage.knob] if self.stage.knob else []
         what += (["bad_words"] if self.stage.bad else []) + (["token_healing"] if self.stage.heal_mask is not None else [])
+        what += ["json_close"] if closing else []
         steps.append((f"constraint({', '.join(what)})", biased, masked))
         pick = gumbel_pick(raw, noise) if noise is not None else None
         for name, before, after in steps:
@@ -435,12 +591,15 @@ class Row:
         return ev
 
 
-def stage_for(view: Any, params: dict[str, Any]) -> Stage | None:
-    """The run's constraint stage, or None when no constraint knob is set."""
+def stage_for(view: Any, params: dict[str, Any], budget: int | None = None) -> Stage | None:
+    """The run's constraint stage, or None when no constraint knob is set.
+
+    ``budget`` (the run's ``max_new_tokens``) lets ``json_close`` count the tokens left.
+    """
     if not active(params):
         return None
     check_knobs("?", params)
-    return Stage(view, params)
+    return Stage(view, params, budget)
 
 
 def grammar_complete(view: Any, params: dict[str, Any], output_ids: Sequence[int]) -> bool | None:
@@ -460,6 +619,43 @@ def grammar_complete(view: Any, params: dict[str, Any], output_ids: Sequence[int
     except PlaygroundError:
         return None
     return row.accepting
+
+
+def _bits(matcher: Any) -> np.ndarray:
+    """The matcher's next-token mask as one 0/1 byte per token id."""
+    return np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+
+
+def _walk(stage: Stage, m: Any, limit: int) -> list[int] | None:
+    """:meth:`Row.closing_walk` on a matcher it may consume (a copy): the path, or None."""
+    path: list[int] = []
+    order = stage.closing_order()
+    while not m.is_accepting():
+        if len(path) >= limit or m.is_error() or m.is_stopped():
+            return None
+        forced = [int(t) for t in m.compute_ff_tokens()]
+        if forced:
+            # the grammar leaves one way on: take it whole (each forced token still counts)
+            for t in forced:
+                if len(path) >= limit or not m.consume_token(t):
+                    return None
+                path.append(t)
+            continue
+        bits = _bits(m)
+        n = min(stage.vocab, bits.size)
+        eos = set(stage.eos)
+        pick = next((t for t in order if t < n and bits[t]), None)
+        if pick is None:
+            ids = np.array([t for t in np.flatnonzero(bits[:n]) if int(t) not in eos], dtype=np.int64)
+            if not ids.size:
+                return None
+            # the longest allowed token (lowest id on ties): an enum's word or a minLength
+            # string's filler, soonest
+            pick = int(ids[int(np.argmax(stage._token_bytes[ids]))])
+        if not m.consume_token(pick):
+            return None
+        path.append(pick)
+    return path
 
 
 # ---------------------------------------------------------------------- many rows (beam search)

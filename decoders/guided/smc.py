@@ -274,7 +274,7 @@ class SMC(Decoder):
         decode = ctx.target.decode
         prompt = list(ctx.prompt_ids)
         phi0 = pot("", False) if pot.active else 0.0
-        stage = stage_for(ctx.target, p)
+        stage = stage_for(ctx.target, p, ctx.max_new_tokens)
         parts = [Particle(phi=phi0, row=stage.row() if stage is not None else None) for _ in range(n)]
         log_z = 0.0
         resamples = 0
