@@ -90,3 +90,19 @@ def test_the_sandbox_cuts_a_typed_distribution_stage_by_stage(page):
     page.click("#sandbox-apply")
     page.wait_for_function("() => !!document.querySelector('#sandbox-status .pg-status-error')")
     assert "is not 'token value'" in page.locator("#sandbox-status").inner_text()
+
+
+def test_the_sweep_tab_runs_a_grid_and_any_cell_opens_as_a_comparison(page, app):
+    page.get_by_role("tab", name="Sweep").click()
+    page.locator("#sweep-values1 input, #sweep-values1 textarea").first.fill("0.5,1.0")
+    page.locator("#sweep-values2 input, #sweep-values2 textarea").first.fill("0.5,1.0")
+    page.locator("#sweep-max-new input").first.fill("4")
+    page.click("#sweep-run")
+    page.wait_for_function("() => document.querySelector('#sweep-status').innerText.includes('4 cells')", timeout=180_000)
+    page.locator("#sweep-plot .js-plotly-plot").first.wait_for()
+    assert page.locator("#sweep-grid .sweep-cell").count() == 4
+    href = page.locator("#sweep-grid .sweep-cell a").first.get_attribute("href")
+    assert href.startswith("?session=")
+    page.goto(f"{app.url}/{href}")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Replaying')", timeout=120_000)
+    assert page.locator("#lane-1-decoder input").input_value().endswith("top_p")
