@@ -57,39 +57,41 @@ document.querySelectorAll('script[type="application/json"][data-figure]').forEac
   var div = document.getElementById(el.getAttribute('data-figure'));
   Plotly.newPlot(div, fig.data || [], fig.layout || {}, PG_CONFIG);
 });
-var pgSteps = [];
-document.querySelectorAll('script[type="application/json"][data-steps]').forEach(function (el) {
-  pgSteps.push({lane: el.getAttribute('data-steps'), steps: JSON.parse(el.textContent)});
-});
-function pgShowStep(step) {
-  document.getElementById('pg-step-label').textContent = 'step ' + step;
-  pgSteps.forEach(function (l) {
-    var box = document.getElementById('pg-lane' + l.lane + '-step');
-    var s = Math.min(step, l.steps.length - 1);
-    box.replaceChildren();
-    var head = document.createElement('div'); head.className = 'note';
-    head.textContent = 'step ' + s + (s < step ? ' (its last)' : '');
-    box.appendChild(head);
-    var grid = document.createElement('div'); grid.className = 'step-plots'; box.appendChild(grid);
-    (l.steps[s] || []).forEach(function (p) {
-      var div = document.createElement('div'); grid.appendChild(div);
-      if (p.html !== undefined) { div.innerHTML = p.html; return; }
-      div.className = 'plot'; div.title = p.title;
-      Plotly.newPlot(div, p.fig.data || [], p.fig.layout || {}, PG_CONFIG);
+document.querySelectorAll('article.pg-session').forEach(function (art) {
+  var pre = art.getAttribute('data-prefix');
+  var scrub = document.getElementById(pre + 'pg-step');
+  if (!scrub) return;
+  var lanes = [];
+  art.querySelectorAll('script[type="application/json"][data-steps]').forEach(function (el) {
+    lanes.push({lane: el.getAttribute('data-steps'), steps: JSON.parse(el.textContent)});
+  });
+  function show(step) {
+    document.getElementById(pre + 'pg-step-label').textContent = 'step ' + step;
+    lanes.forEach(function (l) {
+      var box = document.getElementById(pre + 'pg-lane' + l.lane + '-step');
+      var s = Math.min(step, l.steps.length - 1);
+      box.replaceChildren();
+      var head = document.createElement('div'); head.className = 'note';
+      head.textContent = 'step ' + s + (s < step ? ' (its last)' : '');
+      box.appendChild(head);
+      var grid = document.createElement('div'); grid.className = 'step-plots'; box.appendChild(grid);
+      (l.steps[s] || []).forEach(function (p) {
+        var div = document.createElement('div'); grid.appendChild(div);
+        if (p.html !== undefined) { div.innerHTML = p.html; return; }
+        div.className = 'plot'; div.title = p.title;
+        Plotly.newPlot(div, p.fig.data || [], p.fig.layout || {}, PG_CONFIG);
+      });
+      var lane = art.querySelector('section.lane[data-lane="' + l.lane + '"]');
+      lane.querySelectorAll('.tok.pg-current').forEach(function (t) { t.classList.remove('pg-current'); });
+      lane.querySelectorAll('.tok[data-step="' + s + '"]').forEach(function (t) { t.classList.add('pg-current'); });
     });
-    var lane = document.querySelector('section.lane[data-lane="' + l.lane + '"]');
-    lane.querySelectorAll('.tok.pg-current').forEach(function (t) { t.classList.remove('pg-current'); });
-    lane.querySelectorAll('.tok[data-step="' + s + '"]').forEach(function (t) { t.classList.add('pg-current'); });
+  }
+  scrub.addEventListener('input', function () { show(parseInt(scrub.value, 10)); });
+  art.querySelectorAll('.tok[data-step]').forEach(function (t) {
+    t.addEventListener('click', function () { scrub.value = t.getAttribute('data-step'); show(parseInt(scrub.value, 10)); });
   });
-}
-var pgScrub = document.getElementById('pg-step');
-if (pgScrub) {
-  pgScrub.addEventListener('input', function () { pgShowStep(parseInt(pgScrub.value, 10)); });
-  document.querySelectorAll('.tok[data-step]').forEach(function (t) {
-    t.addEventListener('click', function () { pgScrub.value = t.getAttribute('data-step'); pgShowStep(parseInt(pgScrub.value, 10)); });
-  });
-  pgShowStep(parseInt(pgScrub.value, 10));
-}
+  show(parseInt(scrub.value, 10));
+});
 """
 MAX_EXPORT_STEPS = 200  # steps per lane whose plots the file carries (the scrubber's range)
 
@@ -158,11 +160,11 @@ def steps_block(trace: dict[str, Any], lane: int) -> str:
     return f'<script type="application/json" data-steps="{int(lane)}">{_escaped_json(steps)}</script>'
 
 
-def lane_html(trace: dict[str, Any], lane: int, notes: list[dict[str, Any]] | None = None) -> str:
+def lane_html(trace: dict[str, Any], lane: int, notes: list[dict[str, Any]] | None = None, prefix: str = "") -> str:
     """One lane's card: decoder and knobs, coloured output, legend, stats line, the notes on its
-    steps, run plots."""
+    steps, run plots; element ids start with ``prefix`` (one per session of a page)."""
     metric = visualizers.auto_metric(trace)
-    plots = "".join(_figure(fig, f"pg-lane{lane}-plot{k}", title)
+    plots = "".join(_figure(fig, f"{prefix}pg-lane{lane}-plot{k}", title)
                     for k, (title, fig) in enumerate(visualizers.run_figures(trace)))
     return (f'<section class="lane" data-lane="{lane}">'
             f'<h2>Lane {lane + 1}: {html.escape(str(trace.get("decoder", "?")))}</h2>'
@@ -171,13 +173,14 @@ def lane_html(trace: dict[str, Any], lane: int, notes: list[dict[str, Any]] | No
             f'{visualizers.legend_html(metric)}'
             f'<div class="lane-stats">{visualizers.stats_line(trace) or "—"}</div>'
             f'{notes_list(notes or [])}'
-            f'<h3>The step under the scrubber</h3><div id="pg-lane{lane}-step"></div>'
+            f'<h3>The step under the scrubber</h3><div id="{prefix}pg-lane{lane}-step"></div>'
             f'{steps_block(trace, lane) if visualizers.step_count(trace) else ""}'
             f'<h3>The whole run</h3><div class="plots">{plots}</div></section>')
 
 
-def session_html(session: dict[str, Any]) -> str:
-    """A loaded session (``Store.load_session``) as one self-contained HTML page."""
+def session_article(session: dict[str, Any], prefix: str = "", heading: str = "h1") -> str:
+    """One session's part of a page: title, meta, prompt, the step scrubber, every lane and the
+    plots across lanes, its element ids starting with ``prefix``."""
     runs = [r for r in session.get("runs") or [] if isinstance(r, dict)]
     settings = session.get("settings") if isinstance(session.get("settings"), dict) else {}
     title = str(session.get("title") or "Decoder Playground session")
@@ -187,25 +190,52 @@ def session_html(session: dict[str, Any]) -> str:
             meta.append(f"{name} {settings[key]}")
     if session.get("created"):
         meta.append(str(session["created"])[:19].replace("T", " "))
+    branch = session.get("branch")
+    if isinstance(branch, dict):
+        meta.append(f"branch of {session.get('parent') or 'a deleted session'}, lane {int(branch.get('lane', 0)) + 1}, "
+                    f"step {branch.get('step', '?')}")
     across = ""
     if len(runs) > 1:
         across = '<section class="lane"><h2>Across lanes</h2><div class="plots">' + "".join(
-            _figure(_across(name, fn, runs), f"pg-compare{k}", name)
+            _figure(_across(name, fn, runs), f"{prefix}pg-compare{k}", name)
             for k, (name, fn) in enumerate(visualizers.COMPARE_PLOTS)) + "</div></section>"
     notes = notes_of(session)
     top = min(max((visualizers.step_count(t) for t in runs), default=0), MAX_EXPORT_STEPS)
     scrub = ("" if top == 0 else
-             f'<div class="scrub"><label for="pg-step">Step (all lanes; click a token to jump)</label>'
-             f'<input type="range" id="pg-step" min="0" max="{top - 1}" value="{top - 1}" step="1">'
-             f'<span id="pg-step-label"></span></div>')
-    body = scrub + "".join(lane_html(t, j, [n for n in notes if n["lane"] == j]) for j, t in enumerate(runs)) or '<p class="note">This session has no lanes.</p>'
-    # the page's own script is inlined as well: the file must render with no network at all
+             f'<div class="scrub"><label for="{prefix}pg-step">Step (all lanes; click a token to jump)</label>'
+             f'<input type="range" id="{prefix}pg-step" min="0" max="{top - 1}" value="{top - 1}" step="1">'
+             f'<span id="{prefix}pg-step-label"></span></div>')
+    lanes = "".join(lane_html(t, j, [n for n in notes if n["lane"] == j], prefix) for j, t in enumerate(runs))
+    body = (scrub + lanes) if lanes else '<p class="note">This session has no lanes.</p>'
+    return (f'<article class="pg-session" id="{prefix}session" data-prefix="{html.escape(prefix)}">'
+            f"<{heading}>{html.escape(title)}</{heading}><div class=\"meta\">{html.escape(' · '.join(meta))}</div>"
+            f"<h2 style=\"margin-top:16px\">Prompt</h2><div class=\"prompt\">{html.escape(str(session.get('prompt') or ''))}</div>"
+            f"{body}{across}</article>")
+
+
+def _page(title: str, body: str) -> str:
+    """The page around ``body``: plotly.js and the drawing script inlined, nothing fetched."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
-            f"<script>{get_plotlyjs()}</script></head><body>"
-            f"<h1>{html.escape(title)}</h1><div class=\"meta\">{html.escape(' · '.join(meta))}</div>"
-            f"<h2 style=\"margin-top:16px\">Prompt</h2><div class=\"prompt\">{html.escape(str(session.get('prompt') or ''))}</div>"
-            f"{body}{across}"
+            f"<script>{get_plotlyjs()}</script></head><body>{body}"
             "<p class=\"note\">Exported from Decoder Playground; hover a token for its probability and step.</p>"
             f"<script>{_DRAW}</script></body></html>\n")
+
+
+def session_html(session: dict[str, Any]) -> str:
+    """A loaded session (``Store.load_session``) as one self-contained HTML page."""
+    return _page(str(session.get("title") or "Decoder Playground session"), session_article(session))
+
+
+def sessions_html(sessions: list[dict[str, Any]], title: str) -> str:
+    """Several loaded sessions (a branch tree, a study's prompts) as one self-contained page:
+    a contents list, then each session as :func:`session_article` does, each with its own
+    scrubber."""
+    if not sessions:
+        return _page(title, f"<h1>{html.escape(title)}</h1><p class=\"note\">No sessions.</p>")
+    items = "".join(f'<li><a href="#s{k}-session">{html.escape(str(s.get("title") or s.get("id")))}</a></li>'
+                    for k, s in enumerate(sessions))
+    head = (f"<h1>{html.escape(title)}</h1><div class=\"meta\">{len(sessions)} sessions</div>"
+            f'<nav class="contents"><ol>{items}</ol></nav>')
+    return _page(title, head + "".join(session_article(s, f"s{k}-", "h1") for k, s in enumerate(sessions)))

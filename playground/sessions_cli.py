@@ -19,9 +19,10 @@ from typing import Any
 
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
-from playground.html_export import session_html
+from playground.html_export import session_html, sessions_html
 from playground.notes import notes_of
 from playground.store import Store, default_path, is_valid_session_id
+from playground.study import study_sessions
 
 # Branching (the engine, torch) and the HTML export (plotly, the visualizers) are imported inside the
 # subcommands that use them, so listing, showing or exporting sessions loads neither.
@@ -50,8 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ex.add_argument("--html", action="store_true",
                     help="one self-contained HTML file (text, stats, plots; plotly.js inlined) that opens offline")
     ex.add_argument("-o", "--output", default="-", metavar="FILE", help="file to write (default: stdout)")
-    hx = sub.add_parser("html", help="write a session as one self-contained HTML page (= export --html)")
-    hx.add_argument("id")
+    hx = sub.add_parser("html", help="write a session (its branch tree with --tree, or --study) as one "
+                                     "self-contained HTML page that opens offline")
+    hx.add_argument("id", nargs="?")
+    hx.add_argument("--tree", action="store_true", help="the whole branch tree ID belongs to, root first")
+    hx.add_argument("--study", action="store_true", help="every prompt of the study stored in --db")
     hx.add_argument("-o", "--output", default="-", metavar="FILE", help="file to write (default: stdout)")
     nt = sub.add_parser("note", help="pin a note to a step of a lane (an empty text removes it); "
                                      "without --text, list the session's notes")
@@ -206,10 +210,36 @@ def _show(store: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(store: Any, args: argparse.Namespace) -> int:
+def _tree_ids(tree: dict[str, Any]) -> list[str]:
+    return [tree["id"], *(i for b in tree.get("branches") or [] for i in _tree_ids(b))]
+
+
+def _html(store: Any, args: argparse.Namespace) -> str:
+    """The page ``sessions html`` writes: one session, its branch tree, or the study's prompts."""
+    if args.study:
+        if args.id or args.tree:
+            raise PlaygroundError("html --study takes no ID and no --tree")
+        sessions = study_sessions(store) if store is not None else []
+        if not sessions:
+            raise PlaygroundError("this database holds no study")
+        return sessions_html(sessions, f"Study: {len(sessions)} prompts")
+    if not args.id:
+        raise PlaygroundError("html needs a session ID (or --study)")
     if store is None:
         raise _missing(args.id)
-    if getattr(args, "html", False) or args.sessions_command == "html":
+    if args.tree:
+        ids = _tree_ids(store.branch_tree(args.id))
+        sessions = [store.load_session(i) for i in ids]
+        return sessions_html(sessions, f"Branch tree of “{sessions[0]['title']}”")
+    return session_html(store.load_session(args.id))
+
+
+def _export(store: Any, args: argparse.Namespace) -> int:
+    if args.sessions_command == "html":
+        text = _html(store, args)
+    elif store is None:
+        raise _missing(args.id)
+    elif args.html:
         text = session_html(store.load_session(args.id))
     else:
         text = json.dumps(store.export_session(args.id), ensure_ascii=False)
@@ -221,7 +251,7 @@ def _export(store: Any, args: argparse.Namespace) -> int:
             f.write(text)
     except OSError as e:
         raise PlaygroundError(f"cannot write {args.output}: {e.strerror or e}") from None
-    print(f"exported {args.id} to {args.output}", file=sys.stderr)
+    print(f"exported {args.id or 'the study'} to {args.output}", file=sys.stderr)
     return 0
 
 

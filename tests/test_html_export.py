@@ -126,3 +126,36 @@ def test_a_missing_session_is_one_line(stored, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
     assert not (tmp_path / "x.html").exists()
+
+
+@pytest.mark.slow
+def test_a_branch_tree_and_a_study_export_as_one_page_each(tmp_path):
+    """``sessions html ID --tree`` holds the root and every branch, ``--study`` every prompt; each
+    session keeps its own scrubber and ids (prefixed), so nothing collides."""
+    from playground.branching import branch_session
+
+    db = tmp_path / "t.db"
+    lanes = compare(lanes=[{"decoder": "greedy"}, {"decoder": "top_k"}], prompt="ROMEO.\n", seed=1, max_new_tokens=5)
+    with Store(db) as s:
+        root = s.save_session("the root", "tiny-shakespeare", "ROMEO.\n", {"seed": 1, "max_new_tokens": 5}, lanes)
+        kid = branch_session(s, root, 0, int(lanes[0]["output_ids"][1]) + 1, step=1)
+    out = tmp_path / "tree.html"
+    assert main(["sessions", "--db", str(db), "html", kid, "--tree", "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.count('<article class="pg-session"') == 2
+    assert 'data-prefix="s0-"' in page and 'data-prefix="s1-"' in page
+    assert 'id="s0-pg-step"' in page and 'id="s1-pg-step"' in page and 'id="pg-step"' not in page
+    assert "Branch tree of “the root”" in page and 'href="#s1-session"' in page
+    ids = re.findall(r'\bid="([^"]+)"', _body(page))
+    assert len(ids) == len(set(ids))  # no element id twice
+
+    study = tmp_path / "study.db"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "ROMEO.\\n"}\n{"id": "b", "prompt": "JULIET.\\n"}\n')
+    assert main(["study", "--prompts", str(prompts), "--lanes", "greedy,top_p", "--max-new-tokens", "3",
+                 "--no-progress", "--out", str(study)]) == 0
+    out = tmp_path / "study.html"
+    assert main(["sessions", "--db", str(study), "html", "--study", "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.count('<article class="pg-session"') == 2 and "Study: 2 prompts" in page
+    assert main(["sessions", "--db", str(study), "html", "-o", str(out)]) == 2  # neither an ID nor --study
