@@ -7,7 +7,9 @@ Every cell of the grid (each combination of the knob values) runs the decoder on
 with the same seed, so the cells differ by their knob values and not by their luck (the common
 random numbers of :class:`decoders.base.Context`). ``--repeats N`` runs each cell with the seeds
 ``seed .. seed+N-1``: the spread over them is the run-to-run variance of that configuration.
-Greedy runs once on the same prompt, the reference of the agreement metric.
+Greedy runs once on the same prompt, the reference of the agreement metric (for a diffusion
+decoder: ``llada`` committing one token per step, so a threshold sweep measures what parallel
+commits cost; its perplexity is scored by the bundled causal model, which shares the tokenizer).
 
 Every run is a session of the ``--out`` store (``playground/store.py``), one lane holding the
 cell's decoder with its knob values, so any cell opens as a normal comparison (``playground
@@ -59,6 +61,8 @@ METRICS = (
     ("wall_s", "wall s", 3),
 )
 METRIC_KEYS = tuple(k for k, _, _ in METRICS)
+# the scorer of a sweep on a bundled diffusion model: the causal model with its tokenizer
+DIFFUSION_SCORERS = {"tiny-shakespeare-diffusion": "tiny-shakespeare"}
 
 
 # ---------------------------------------------------------------------- the grid
@@ -278,7 +282,7 @@ def table(agg: dict[str, Any], metric: str = "perplexity") -> str:
             for i, v in enumerate(agg["knobs"][0]["values"]) if (i,) in at))
     rows.append(f"{agg.get('decoder')} · {len(agg['cells'])} cells x {repeats} repeat(s) · model {agg.get('model')} · "
                 f"perplexity under {agg.get('scorer')}"
-                + (" · agreement with greedy" if agg.get("greedy") else " · no greedy reference (agreement -)")
+                + (" · agreement with the reference run" if agg.get("greedy") else " · no reference run (agreement -)")
                 + (" · ± is the standard deviation over the repeats" if repeats > 1 else ""))
     return "\n".join(rows)
 
@@ -361,6 +365,21 @@ class SweepRequest:
     scorer: str | None = None
 
 
+def reference_lane(decoder: str, grid: dict[str, Any]) -> dict[str, Any]:
+    """The run the agreement metric compares with: greedy for a causal decoder; for a diffusion
+    decoder ``llada`` committing one token per step on the first cell's canvas (the parallel
+    decoding a threshold sweep measures against)."""
+    if get_decoder(decoder).kind == "causal":
+        return {"decoder": "greedy"}
+    first = grid["cells"][0]["params"] if grid["cells"] else {}
+    return {"decoder": "llada", "knobs": {k: first[k] for k in ("gen_length", "block_length") if k in first}}
+
+
+def reference_name(decoder: str) -> str:
+    """The reference run, in words."""
+    return "greedy" if get_decoder(decoder).kind == "causal" else "llada, one token per step"
+
+
 def plan_sweep(req: SweepRequest) -> tuple[dict[str, Any], Any]:
     """The grid (:func:`build_grid`) and the checked comparison plan of the first cell (prompt,
     model, seed, budget), before anything runs or is stored; one line for anything refused."""
@@ -373,8 +392,7 @@ def plan_sweep(req: SweepRequest) -> tuple[dict[str, Any], Any]:
 
 def run_sweep(store: Any, req: SweepRequest, load_kwargs: dict[str, Any] | None = None, owner: str | None = None,
               exclusive: bool = True, on_run: Callable[[int, int], None] | None = None) -> str:
-    """Run every cell of ``req`` not yet in ``store`` (the greedy reference first, for a causal
-    decoder) and store each as a one-lane session (of ``owner``); return the sweep's fingerprint.
+    """Run every cell of ``req`` not yet in ``store`` (the reference first: :func:`reference_lane`) and store each as a one-lane session (of ``owner``); return the sweep's fingerprint.
 
     ``exclusive``: the store holds this sweep alone (the command line's ``--out``), so one with
     other settings is refused; the page's store holds many, told apart by fingerprint.
@@ -382,7 +400,9 @@ def run_sweep(store: Any, req: SweepRequest, load_kwargs: dict[str, Any] | None 
     cls = get_decoder(req.decoder)
     grid, base = plan_sweep(req)
     load_kwargs = dict(load_kwargs or {})
-    scorer_name = req.scorer or base.model
+    masked = cls.kind != "causal"
+    # a diffusion model scores no text left to right: the bundled causal model shares its tokenizer
+    scorer_name = req.scorer or (DIFFUSION_SCORERS.get(base.model, base.model) if masked else base.model)
     axes = [{"name": a["name"], "values": a["values"]} for a in grid["knobs"]]
     fp = fingerprint({"decoder": req.decoder, "axes": axes, "fixed": req.fixed, "draft": req.draft,
                       "model": base.model, "prompt": req.prompt, "seed": base.seed, "repeats": req.repeats,
@@ -391,8 +411,9 @@ def run_sweep(store: Any, req: SweepRequest, load_kwargs: dict[str, Any] | None 
     common = {"fingerprint": fp, "decoder": req.decoder, "axes": axes, "repeats": req.repeats}
     done = stored_runs(store, fp) if exclusive else {_run_key(s["settings"]["sweep"]) for s in sweep_sessions(store, fp)}
     todo: list[tuple[str, dict[str, Any] | None, int]] = []
-    if cls.kind == "causal" and ("greedy",) not in done:
+    if ("greedy",) not in done:
         todo.append(("greedy", None, 0))
+    reference = reference_lane(req.decoder, grid)
     todo += [("cell", c, r) for c in grid["cells"] for r in range(req.repeats)
              if ("cell", tuple(c["index"]), r) not in done]
     if not todo:
@@ -402,7 +423,7 @@ def run_sweep(store: Any, req: SweepRequest, load_kwargs: dict[str, Any] | None 
         raise PlaygroundError(f"the scorer {scorer_name!r} is a {scorer.kind} model; give a causal --scorer")
     for n, (role, cell, r) in enumerate(todo, start=1):
         seed = base.seed + r
-        lane = {"decoder": "greedy"} if cell is None else {"decoder": req.decoder, "knobs": cell["params"], "draft": req.draft}
+        lane = reference if cell is None else {"decoder": req.decoder, "knobs": cell["params"], "draft": req.draft}
         plan = plan_compare(lanes=[lane], model=base.model, prompt=req.prompt, seed=seed,
                             max_new_tokens=base.max_new_tokens)
         try:
@@ -416,7 +437,7 @@ def run_sweep(store: Any, req: SweepRequest, load_kwargs: dict[str, Any] | None 
             info.update(cell=cell["index"], knobs=cell["knobs"], repeat=r)
         settings = {"seed": seed, "max_new_tokens": plan.max_new_tokens, "policy": plan.policy,
                     "lanes": [dict(x) for x in plan.lanes], "preset": None, "sweep": info}
-        title = "sweep reference: greedy" if cell is None else cell_title(cell["knobs"], seed)
+        title = f"sweep reference: {reference_name(req.decoder)}" if cell is None else cell_title(cell["knobs"], seed)
         store.save_session(title, plan.model, req.prompt, settings, [trace], owner=owner)
         if on_run is not None:
             on_run(n, len(todo))

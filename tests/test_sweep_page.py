@@ -106,3 +106,18 @@ def test_the_instances_token_limit_holds_for_a_sweep(demo, db, monkeypatch):
     out = press(demo.sweep_view, knob2="(none)", repeats=1, max_new=6)
     assert "max new tokens must be between 1 and 4 on this instance" in out[1]
     assert default_store().count() == 0
+
+
+def test_a_threshold_sweep_of_a_diffusion_decoder_measures_parallel_commits(demo, db):
+    """fast_dllm over its threshold on the bundled diffusion model: lower thresholds commit more
+    tokens per forward; agreement is with llada one token per step, perplexity under the causal
+    model that shares the tokenizer."""
+    agg, status, fig, grid = press(demo.sweep_view, decoder="fast_dllm", model="tiny-shakespeare-diffusion",
+                                   knob1="threshold", values1="0.05,0.9", knob2="(none)", repeats=1, max_new=12)
+    assert "pg-status-ok" in status, status
+    low, high = agg["cells"]
+    assert low["tokens_per_target_forward"] > high["tokens_per_target_forward"] >= 1.0
+    assert all(c["agreement"] is not None and c["perplexity"] is not None for c in agg["cells"])
+    assert agg["scorer"] == "tiny-shakespeare"
+    ref = default_store().load_session(agg["greedy"]["session"])
+    assert ref["runs"][0]["decoder"] == "llada" and ref["title"] == "sweep reference: llada, one token per step"

@@ -103,7 +103,8 @@ def grid_html(agg: dict[str, Any], metric: str) -> str:
         cells = [at.get((i, j) if len(knobs) == 2 else (i,)) for j in range(len(cols))]
         body.append(f"<tr><th>{esc(_label(v))}</th>" + "".join(_cell_html(c, metric) for c in cells) + "</tr>")
     greedy = agg.get("greedy")
-    ref = (f'<p class="lane-info">Greedy reference (agreement is measured against it): '
+    ref = (f'<p class="lane-info">The reference run (greedy; for a diffusion decoder one token per step), '
+           f'which agreement is measured against: '
            f'<a href="?session={esc(greedy["session"])}" target="_blank" rel="noopener">open</a></p>') if greedy else ""
     return f'<table class="sweep-grid">{head}{"".join(body)}</table>{ref}'
 
