@@ -58,7 +58,7 @@ def configs(g: int, block: int) -> list[tuple[str, str, dict[str, Any]]]:
     for alg in ("maskgit_plus", "topk_margin", "entropy", "origin"):
         out.append((f"dream {alg} steps={g // 2}", "dream",
                     {**semi, "steps": g // 2, "alg": alg, "temperature": 0.0, "top_p": 1.0}))
-    for thr in (0.9, 0.7, 0.5):
+    for thr in (0.9, 0.7, 0.5, 0.3, 0.1):  # the threshold sweep: parallel commits against agreement
         out.append((f"fast_dllm threshold={thr}", "fast_dllm", {**semi, "threshold": thr}))
     out.append(("sched (cosine 0.9→0.3)", "sched", {**semi, "steps": g}))
     out.append(("prophet (7.5/5/2.5)", "prophet", {**semi, "steps": g}))
