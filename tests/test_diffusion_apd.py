@@ -1,13 +1,14 @@
 """APD (adaptive parallel decoding): the acceptance rule by hand, the neutral mixture weight
 against LLaDA under common random numbers, every pass of a trace against the rule recomputed
-with the helper model itself, refusals and the views."""
+with the helper model itself (also with fixed words, which are given context the acceptance
+skips), refusals and the views."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from decoders.diffusion.apd import accepted_length, mixture_logits
+from decoders.diffusion.apd import accepted_length, mixture_logits, skip_given, window_end
 from playground.core.errors import PlaygroundError
 from playground.core.models import load_model
 from playground.engine import prepare
@@ -90,6 +91,81 @@ def test_every_pass_follows_the_rule_recomputed_with_the_helper(dllm, helper, we
     assert cur == 24
     assert trace.stats["commit_step"] == sorted(trace.stats["commit_step"])  # left to right
     assert trace.stats["helper_forwards"] == trace.stats["steps"] == len(trace.steps)
+
+
+def test_a_window_counts_masked_positions_and_takes_the_fixed_cells_after_it():
+    given = [False, False, True, False, False, True, True, False]
+    assert skip_given(given, 2) == 3 and skip_given(given, 5) == 7 and skip_given([True], 0) == 1
+    assert window_end(given, 0, 2) == 3  # 0, 1 masked, then the fixed 2 rides along
+    assert window_end(given, 0, 3) == 4
+    assert window_end(given, 3, 2) == 7  # 3, 4 masked, then the fixed 5 and 6
+    assert window_end(given, 0, 99) == 8
+
+
+FIXED = "2: love; 5:,; 6: and; 11: the"
+
+
+@pytest.mark.parametrize("weight,temperature,look", [(0.3, 0.0, 4), (0.0, 0.0, 3), (0.5, 0.9, 5)])
+def test_fixed_cells_are_given_context_that_the_acceptance_skips(dllm, helper, weight, temperature, look):
+    n = 16
+    trace = run(dllm, helper, n=n, seed=5, mixture_weight=weight, max_lookahead=look, temperature=temperature,
+                fixed=FIXED)
+    prompt_ids, mask = list(trace.prompt_ids), dllm.mask_token_id
+    first = trace.steps[0].evidence
+    fixed = {q: first["canvas"][q] for q in first["fixed"]}
+    assert sorted(fixed) == [2, 5, 6, 11]
+    given = [q in fixed for q in range(n)]
+    cur = skip_given(given, 0)
+    for st in trace.steps:
+        ev = st.evidence["apd"]
+        lo, hi = ev["window"]
+        assert lo == cur and hi == window_end(given, cur, look)
+        assert ev["given"] == [q for q in range(lo, hi) if q in fixed]
+        masked = [q for q in range(lo, hi) if q not in fixed]
+        assert len(masked) == min(look, sum(not g for g in given[cur:]))
+        win = ev["proposed"]
+        for q in ev["given"]:  # a fixed cell is read in place, never proposed, drawn or judged
+            j = q - lo
+            assert win[j] == ev["mixture"][j] == fixed[q]
+            assert ev["agree"][j] is None and ev["p_dllm"][j] is None and ev["p_mixture"][j] is None
+        # the helper's view: prompt, settled text, then the window with the fixed tokens in place
+        settled = st.evidence["canvas"][:cur]
+        with torch.no_grad():
+            a = helper.model(torch.tensor([prompt_ids + settled + win])).logits[0]
+            d = dllm.model(torch.tensor([prompt_ids + settled + [fixed.get(q, mask) for q in range(lo, hi)]])
+                           ).logits[0, len(prompt_ids) + lo:]
+        p_help = torch.softmax(a[len(prompt_ids) + lo - 1:len(prompt_ids) + hi - 1].double(), -1)
+        assert ev["p_helper"] == pytest.approx([float(p_help[j, t]) for j, t in enumerate(win)], abs=2e-4)
+        if temperature == 0.0:  # the dLLM read the fixed tokens too: its argmax at the masked cells
+            assert [win[q - lo] for q in masked] == d.argmax(-1)[[q - lo for q in masked]].tolist()
+        # the acceptance over the masked cells only
+        prop = [win[q - lo] for q in masked]
+        drawn = [ev["mixture"][q - lo] for q in masked]
+        assert [ev["agree"][q - lo] for q in masked] == [t == m for t, m in zip(prop, drawn)]
+        k = accepted_length(prop, drawn)
+        assert ev["committed"] == k == len(st.committed) and st.committed == prop[:k]
+        assert st.evidence["unmasked"] == masked[:k]
+        assert ev["accepted"] == (masked[k] if k < len(masked) else hi) - lo
+        assert all(st.evidence["canvas"][q] == t for q, t in fixed.items())
+        cur = skip_given(given, lo + ev["accepted"])
+    assert cur == n
+    assert trace.stats["helper_forwards"] == trace.stats["steps"] == len(trace.steps)
+    assert all(trace.output_ids[q] == t for q, t in fixed.items())
+    render_everything(trace.to_dict())  # the views take windows with fixed cells in them
+
+
+def test_with_fixed_words_weight_one_keeps_every_window_and_the_whole_canvas_is_llada(dllm, helper):
+    fixed = "3: love; 9: the"
+    win = run(dllm, helper, n=12, mixture_weight=1.0, max_lookahead=4, fixed=fixed)
+    assert win.stats["commits_per_step"] == [4, 4, 2]  # 4 masked per window; fixed 3, 9 ride along
+    assert [s.evidence["apd"]["window"] for s in win.steps] == [[0, 5], [5, 10], [10, 12]]
+    assert all(a is not False for s in win.steps for a in s.evidence["apd"]["agree"])
+    for temperature in (0.0, 0.8):
+        got = run(dllm, helper, n=12, seed=3, mixture_weight=1.0, max_lookahead=0, temperature=temperature,
+                  fixed=fixed)
+        ref = run(dllm, helper, n=12, seed=3, decoder="llada", steps=1, temperature=temperature, fixed=fixed)
+        assert got.output_ids == ref.output_ids
+        assert got.steps[0].evidence["canvas"] == ref.steps[0].evidence["canvas"]
 
 
 def test_at_temperature_zero_the_mixture_draw_is_the_mixtures_argmax(dllm, helper):

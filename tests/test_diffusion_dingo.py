@@ -1,5 +1,6 @@
 """DINGO (regex-constrained diffusion decoding): the DP against brute force on a small
-vocabulary, every output of the bundled model matching its regex, commits that never move,
+vocabulary (also with a fixed cell), every output of the bundled model matching its regex,
+commits that never move, fixed words the DP routes through and the ones no match can hold,
 the schedule, refusals and the views."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 import pytest
 import torch
 
-from decoders.diffusion.dingo import compile_regex, token_automaton, viterbi
+from decoders.diffusion.dingo import check_fixed, compile_regex, pin_rows, satisfiable, token_automaton, viterbi
 from playground.core.errors import PlaygroundError
 from playground.core.models import load_model
 from playground.engine import prepare
@@ -32,17 +33,28 @@ def valid(seq: list[int], regex: str) -> bool:
 
 @pytest.mark.parametrize("regex", ["a+b", "(ab|ba)*c?", "b[ab]{2,3}", "c"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_dp_finds_the_most_probable_accepted_string(regex, seed):
+@pytest.mark.parametrize("pinned", [{}, {1: 0}, {0: 2, 2: STOP}, {3: 4}],
+                         ids=["free", "a fixed at 1", "ab at 0 and a stop at 2", "c fixed at 3"])
+def test_the_dp_finds_the_most_probable_accepted_string(regex, seed, pinned):
+    """Brute force over every canvas of 4 tokens: the DP's string is the most probable valid
+    one that has the fixed (pinned) tokens at their positions, and says None when there is
+    none (what makes dingo refuse such fixed words before decoding)."""
     auto = token_automaton(compile_regex(regex), TEXTS, {STOP})
     gen = torch.Generator().manual_seed(seed)
     n = 4
     logp = torch.log_softmax(torch.randn(n, len(TEXTS), generator=gen, dtype=torch.float64) * 2, -1)
-    toks, score, lattice, path = viterbi(auto, logp)
-    brute = [(sum(float(logp[i, t]) for i, t in enumerate(seq)), seq)
-             for seq in itertools.product(range(len(TEXTS)), repeat=n) if valid(list(seq), regex)]
+    rows = pin_rows(logp, pinned)
+    toks, score, lattice, path = viterbi(auto, rows)
+    brute = [(sum(float(logp[i, t]) for i, t in enumerate(seq) if i not in pinned), seq)
+             for seq in itertools.product(range(len(TEXTS)), repeat=n)
+             if valid(list(seq), regex) and all(seq[q] == t for q, t in pinned.items())]
+    assert satisfiable(auto, n, pinned) == bool(brute)
+    if not brute:
+        assert toks is None and score == float("-inf") and path == []
+        return
     best = max(b for b, _s in brute)
-    assert toks is not None and valid(toks, regex)
-    assert score == pytest.approx(best) == pytest.approx(sum(float(logp[i, t]) for i, t in enumerate(toks)))
+    assert toks is not None and valid(toks, regex) and all(toks[q] == t for q, t in pinned.items())
+    assert score == pytest.approx(best) == pytest.approx(sum(float(rows[i, t]) for i, t in enumerate(toks)))
     assert len(path) == n + 1 and path[0] == auto.start and bool(auto.accepting[path[-1]])
     assert float(lattice[n].max()) >= score
 
@@ -57,6 +69,20 @@ def test_committed_positions_are_kept_and_impossible_canvases_say_so():
     none, score, _lat, _path = viterbi(token_automaton(compile_regex("a{5}"), TEXTS, {STOP}),
                                        torch.zeros(2, len(TEXTS), dtype=torch.float64))
     assert none is None and score == float("-inf")
+
+
+def test_fixed_tokens_no_match_can_hold_are_named_in_one_line():
+    auto = token_automaton(compile_regex("ab|ba"), TEXTS, {STOP})  # 2 tokens: a b, b a, ab ., ba .
+    show = TEXTS.__getitem__
+    check_fixed(auto, 2, {}, "ab|ba", show)
+    check_fixed(auto, 2, {0: 0}, "ab|ba", show)  # "a" first fits
+    with pytest.raises(PlaygroundError, match=r"^knob 'fixed': 'c' at position 1 is in no canvas of 2 tokens"):
+        check_fixed(auto, 2, {0: 0, 1: 4}, "ab|ba", show)  # the one that cannot fit even alone
+    with pytest.raises(PlaygroundError, match=r"^knob 'fixed': no canvas of 2 tokens .* holds all the fixed"):
+        check_fixed(auto, 2, {0: 0, 1: 0}, "ab|ba", show)  # each "a" fits alone; "aa" does not
+    with pytest.raises(PlaygroundError, match=r"^no canvas of 2 tokens matches regex 'a\{5\}'"):
+        check_fixed(token_automaton(compile_regex("a{5}"), TEXTS, {STOP}), 2, {0: 0}, "a{5}", show)
+    assert not satisfiable(auto, 2, {0: len(TEXTS)})  # an id past the logits is never allowed
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +123,56 @@ def test_every_output_matches_its_regex_and_commits_never_move(dllm, regex, n, k
         # each step's DP canvas is itself regex-valid
         assert re.fullmatch(regex, text_of(dllm, dg["best"]))
     assert len(seen) == n
+
+
+FIXED_REGEX = "[A-Z][a-z]+(,? [a-z]+)*[.!?]"
+
+
+@pytest.mark.parametrize("fixed,n,knobs", [
+    ("3: love", 12, {}),
+    ("0:But; 5: thee; 6:,", 12, {"steps": 6, "block_length": 6}),
+    ("1: my; 2: lord; 3:,", 8, {"steps": 4, "block_length": 4}),  # fills most of the first block
+])
+def test_fixed_words_are_kept_by_every_dp_and_the_output_still_matches(dllm, fixed, n, knobs):
+    trace = run(dllm, n=n, regex=FIXED_REGEX, fixed=fixed, **knobs)
+    first = trace.steps[0].evidence
+    pins = {q: first["canvas"][q] for q in first["fixed"]}
+    assert pins and all(t != dllm.mask_token_id for t in pins.values())
+    assert re.fullmatch(FIXED_REGEX, text_of(dllm, trace.output_ids)), text_of(dllm, trace.output_ids)
+    assert trace.stats["regex_match"] is True
+    assert all(trace.output_ids[q] == t for q, t in pins.items())
+    for st in trace.steps:
+        ev, dg = st.evidence, st.evidence["dingo"]
+        assert ev["fixed"] == sorted(pins)
+        assert all(ev["canvas"][q] == dg["best"][q] == t for q, t in pins.items())
+        assert not set(ev["unmasked"]) & set(pins)
+        assert re.fullmatch(FIXED_REGEX, text_of(dllm, dg["best"]))
+    # the schedule spreads each block's masked positions only: every step commits something
+    assert all(c > 0 for c in trace.stats["commits_per_step"])
+    assert sum(trace.stats["commits_per_step"]) == n - len(pins)
+    render_everything(trace.to_dict())
+
+
+@pytest.mark.parametrize("fixed,msg", [
+    ("2: love", "knob 'fixed': ' love' at position 2 is in no canvas of 8 tokens that matches regex '[0-9]+'"),
+    ("0:7; 1:7; 2: love", "knob 'fixed': ' love' at position 2 is in no canvas"),
+])
+def test_fixed_words_that_break_the_regex_are_one_line_before_any_step(dllm, fixed, msg):
+    live = prepare(model=dllm, decoder="dingo", prompt=PROMPT, max_new_tokens=8, seed=0,
+                   params={"regex": "[0-9]+", "fixed": fixed})
+    with pytest.raises(PlaygroundError, match=re.escape(msg)) as e:
+        live.step()  # the very first step refuses: nothing was decoded
+    assert "\n" not in str(e.value)
+
+
+def test_a_regex_no_canvas_matches_keeps_its_message_and_a_fitting_fixed_token_stays(dllm):
+    """With fixed words, a regex that no canvas of this length matches at all still gets
+    dingo's usual message (the fixed words are not to blame); a fixed token that fits stays."""
+    with pytest.raises(PlaygroundError, match=re.escape("no canvas of 8 tokens matches regex '[0-9]{200}'")):
+        run(dllm, n=8, regex="[0-9]{200}", fixed="1:7")
+    seven = dllm.tokenizer.encode("7", add_special_tokens=False)
+    trace = run(dllm, n=8, regex="[0-9]+[.]", fixed="0:7")
+    assert re.fullmatch("[0-9]+[.]", text_of(dllm, trace.output_ids)) and trace.output_ids[:1] == seven
 
 
 def test_the_schedule_commits_the_most_confident_dp_tokens_of_the_block(dllm):

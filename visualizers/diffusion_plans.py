@@ -426,14 +426,16 @@ def apd_step_figure(trace: dict[str, Any], step: int) -> go.Figure:
 
 @run_plot("Parallel length per step", evidence="apd", order=160)
 def apd_run_figure(trace: dict[str, Any]) -> go.Figure:
-    """Tokens accepted per pass (bars) against the window the dLLM proposed (line), and the
+    """Tokens committed per pass (bars) against the window the dLLM proposed (line), and the
     share of each window's proposals (after the first) that the mixture's draw agreed with."""
     title = "Parallel length per step"
     rows = _rows(trace, "apd")
     if not rows:
         return empty_figure("no APD steps yet", title)
     xs = [i for i, _s, _e in rows]
-    acc = [e.get("accepted") if isinstance(e.get("accepted"), int) else 0 for _i, _s, e in rows]
+    # "committed" (masked cells the pass filled) where recorded: "accepted" also counts the fixed
+    # cells a pass moved past, which were never the dLLM's to commit
+    acc = [next((e[k] for k in ("committed", "accepted") if isinstance(e.get(k), int)), 0) for _i, _s, e in rows]
     size = [len(ints(e.get("proposed"))) for _i, _s, e in rows]
     share = []
     for _i, _s, e in rows:

@@ -7,13 +7,18 @@ one of highest probability under the per-position distributions — a Viterbi pa
 positions × automaton states. The regex becomes a character DFA (``interegular``, a
 maintained regex→FSM library); each token's text is run through it from every state, so
 the DP steps by whole tokens.
+
+Infilling (the ``fixed`` knob, :mod:`decoders.diffusion.fixed`): a fixed token is a committed
+position before the first step, so the DP keeps it exactly as it keeps a commit (its row is
+0 at the token and -inf elsewhere) and every canvas it returns holds it. Fixed tokens that
+no regex-valid canvas can hold are refused in one line before the first step.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import interegular
 import torch
@@ -22,6 +27,7 @@ from decoders.base import Context, Int, Params, Text, register
 from decoders.citation import arxiv
 from decoders.diffusion._canvas import finish, gen_logits, make_layout, new_canvas, r5, stop_set
 from decoders.diffusion._sampler import Proposal, denoise_step, even_schedule, stats_of, top_k_positions
+from decoders.diffusion.fixed import fixed_param, place_fixed
 from decoders.diffusion.named import DiffusionDecoder, block_length, gen_length, steps
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
@@ -30,6 +36,8 @@ NEG = float("-inf")
 # The DP costs states x vocabulary per position: a regex whose DFA has more states is refused
 MAX_STATES = 512
 MAX_REGEX = 500
+# Fixed positions tried one by one to name the one that breaks the regex (one DP each)
+MAX_CULPRIT_CHECKS = 16
 
 
 @dataclass
@@ -143,6 +151,47 @@ def viterbi(auto: TokenAutomaton, logp: torch.Tensor) -> tuple[list[int] | None,
     return toks[::-1], float(final[end]), lattice, path[::-1]
 
 
+def pin_rows(logp: torch.Tensor, pinned: dict[int, int]) -> torch.Tensor:
+    """``logp`` (n, V) with each pinned position's row made 0 at its token and -inf elsewhere:
+    the form :func:`viterbi` reads as "this position is already decided" (a commit or a fixed
+    token), so the best path must go through that token there."""
+    out = logp.clone()
+    for q, t in pinned.items():
+        out[q] = NEG
+        out[q, int(t)] = 0.0
+    return out
+
+
+def satisfiable(auto: TokenAutomaton, n: int, pinned: dict[int, int]) -> bool:
+    """Whether some canvas of ``n`` tokens that the automaton accepts has the ``pinned`` tokens
+    at their positions (a DP over uniform rows: only the support matters)."""
+    v = int(auto.table.shape[1])
+    if any(not 0 <= int(t) < v for t in pinned.values()):  # past the model's logits: never allowed
+        return False
+    rows = pin_rows(torch.zeros(n, v, dtype=torch.float64), pinned)
+    return viterbi(auto, rows)[0] is not None
+
+
+def check_fixed(auto: TokenAutomaton, n: int, pinned: dict[int, int], regex: str,
+                show: Callable[[int], str]) -> None:
+    """Refuse, in one line and before any step, fixed tokens that no regex-valid canvas of
+    ``n`` tokens can hold. Names the first fixed token that cannot fit even on its own
+    (``show`` gives a token's text), else says the combination cannot; a regex that no
+    canvas of ``n`` tokens matches at all gets dingo's usual message instead."""
+    if not pinned or satisfiable(auto, n, pinned):
+        return
+    if not satisfiable(auto, n, {}):
+        raise PlaygroundError(f"no canvas of {n} tokens matches regex {regex!r} with this "
+                              "model's tokens; change gen_length or the regex")
+    # bounded: one DP per fixed position, and only on this error path
+    for q in sorted(pinned)[:MAX_CULPRIT_CHECKS]:
+        if not satisfiable(auto, n, {q: pinned[q]}):
+            raise PlaygroundError(f"knob 'fixed': {show(pinned[q])!r} at position {q} is in no canvas of {n} "
+                                  f"tokens that matches regex {regex!r}; change the fixed words or the regex")
+    raise PlaygroundError(f"knob 'fixed': no canvas of {n} tokens that matches regex {regex!r} holds all the "
+                          f"fixed tokens at their positions; change the fixed words or the regex")
+
+
 def token_texts(tokenizer: Any, v: int, banned: set[int]) -> list[str | None]:
     """Each token's text on its own; None for ``banned`` ids and for tokens that are not whole
     characters alone (a byte-level piece decodes to U+FFFD), which the automaton never takes."""
@@ -171,7 +220,10 @@ class Dingo(DiffusionDecoder):
     tokens of that path are the proposals; like LLaDA, the ``steps`` schedule commits the most
     confident of them in the current block (confidence = the model's probability of the DP's
     token). Because the previous step's optimal canvas stays consistent with every commit,
-    a valid completion always exists and the final canvas always matches. The regex is
+    a valid completion always exists and the final canvas always matches. Fixed words
+    (``fixed``) are decided positions from the start, kept by every DP and never committed by
+    the schedule (which spreads only a block's masked positions); fixed tokens that no
+    regex-valid canvas can hold are refused before the first step. The regex is
     matched against the whole generated text (``fullmatch``); a match shorter than the canvas
     is padded with EOS/pad tokens, which the output then trims.
     Simplifies: the paper's DP runs per block and keeps the mask token as a choice (positions
@@ -199,6 +251,7 @@ class Dingo(DiffusionDecoder):
         regex=Text("[A-Z][a-z]+( [a-z]+)*[.!?]", "the whole generated text must match this regular expression "
                    "(Python syntax, no back-references); a shorter match is padded with EOS"),
         gen_length=gen_length(), steps=steps(), block_length=block_length(),
+        fixed=fixed_param(),
     )
 
     def run(self, ctx: Context) -> Iterator[Step]:
@@ -207,28 +260,33 @@ class Dingo(DiffusionDecoder):
         lay = make_layout(ctx, p["gen_length"], p["steps"], p["block_length"])
         view, p0, g, mask = ctx.target, lay.prompt_len, lay.gen_length, lay.mask_id
         x = new_canvas(ctx, lay)
+        fixed = place_fixed(ctx, p.get("fixed", ""), g, p0, x)
+        extra: dict[str, Any] = {"fixed": fixed} if fixed else {}
         logits = gen_logits(view, x, lay)[0]
         v = int(logits.shape[-1])
         stops = {t for t in stop_set(ctx) if t < v}
         special = set(getattr(view.tokenizer, "all_special_ids", []) or []) | {mask}
         auto = token_automaton(fsm, token_texts(view.tokenizer, v, special - stops), stops)
+        check_fixed(auto, g, {q: int(x[p0 + q]) for q in fixed}, p["regex"],
+                    lambda t: view.tokenizer.decode([t], skip_special_tokens=False,
+                                                    clean_up_tokenization_spaces=False))
         commit_step = [-1] * g
         per_step: list[int] = []
         step = 0
         for b in range(lay.num_blocks):
             s0, s1 = lay.block(b)
-            schedule = even_schedule(s1 - s0, lay.steps_per_block)
+            # like LLaDA, the schedule spreads the block's *masked* positions: fixed ones are not its to fill
+            schedule = even_schedule(int((x[p0 + s0:p0 + s1] == mask).sum()), lay.steps_per_block)
             for i in range(lay.steps_per_block):
+                if not bool((x[p0 + s0:p0 + s1] == mask).any()):  # fixed cells filled the rest
+                    break
                 ctx.check_cancel()
                 if step:
                     logits = gen_logits(view, x, lay)[0]
                 logp = torch.log_softmax(logits.double(), -1)
-                fixed = logp.clone()
-                done = (x[p0:] != mask).nonzero().squeeze(1)
-                for q in done.tolist():
-                    fixed[q] = NEG
-                    fixed[q, int(x[p0 + q])] = 0.0
-                toks, score, lattice, path = viterbi(auto, fixed)
+                # commits and fixed tokens alike are decided: the DP must route through them
+                done = (x[p0:] != mask).nonzero().squeeze(1).tolist()
+                toks, score, lattice, path = viterbi(auto, pin_rows(logp, {q: int(x[p0 + q]) for q in done}))
                 if toks is None:
                     raise PlaygroundError(f"no canvas of {g} tokens matches regex {p['regex']!r} with this "
                                           "model's tokens; change gen_length or the regex")
@@ -249,7 +307,8 @@ class Dingo(DiffusionDecoder):
                       "unconstrained_log_prob": r5(float(logp.max(-1).values.sum())),
                       "differs": [q for q in range(g) if toks[q] != int(free[q])],
                       "lattice": [[r5(val) for val in row] for row in lattice.tolist()]}
-                st = denoise_step(lay, x, prop, chosen, (s0, s1), plan={"plan": "dingo", "k": schedule[i]}, dingo=ev)
+                st = denoise_step(lay, x, prop, chosen, (s0, s1), plan={"plan": "dingo", "k": schedule[i]}, dingo=ev,
+                                  **extra)
                 for q in st.evidence["unmasked"]:
                     commit_step[q] = step
                 per_step.append(len(st.committed))

@@ -18,6 +18,11 @@ Sampling at temperature > 0 stays exact because the Gumbel noise of static step 
 the run's common random numbers keyed by ``c`` and the position, whichever decoder uses it.
 One forward call with a batch of ``k`` canvases processes ``k`` times the tokens: the trace
 shows both (``target_forwards`` and ``target_tokens_processed``).
+
+Infilling (the ``fixed`` knob, :mod:`decoders.diffusion.fixed`): the fixed words are written
+into the canvas before the first forward and are never masked, so neither the drafts nor the
+static rule can ever choose them; the reference is then LLaDA with one commit per *masked*
+position and the same ``fixed`` (static step ``c`` is still the ``c``-th commit).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from decoders.base import Context, Float, Int, Params, register
 from decoders.citation import arxiv
 from decoders.diffusion._canvas import finish, gen_logits, make_layout, new_canvas
 from decoders.diffusion._sampler import Proposal, Recipe, denoise_step, gumbel_tokens, propose, top_k_positions
+from decoders.diffusion.fixed import fixed_param, place_fixed
 from decoders.diffusion.named import DiffusionDecoder, block_length, gen_length
 from playground.core.trace import Step
 
@@ -52,6 +58,7 @@ class FreeDave(DiffusionDecoder):
         gen_length=gen_length(), block_length=block_length(),
         draft_size=Int(4, 1, 32, "commits drafted (and canvases verified in one batched call) per round"),
         temperature=Float(0.0, 0.0, 2.0, "Gumbel-max temperature of the static decoder it reproduces"),
+        fixed=fixed_param(),
     )
 
     def run(self, ctx: Context) -> Iterator[Step]:
@@ -61,16 +68,23 @@ class FreeDave(DiffusionDecoder):
         lay = make_layout(ctx, rc.gen_length, 0, rc.block_length)
         view, p0, g, mask = ctx.target, lay.prompt_len, lay.gen_length, lay.mask_id
         x = new_canvas(ctx, lay)
+        fixed = place_fixed(ctx, p.get("fixed", ""), g, p0, x)
+        # fixed cells are never masked: the static decoder it reproduces commits only the others
+        n_static = g - len(fixed)
+        extra: dict[str, Any] = {"fixed": fixed} if fixed else {}
         commit_step = [-1] * g
         per_step: list[int] = []
+        if not n_static:  # every position fixed: nothing to decode, and no forward is needed
+            finish(self, ctx, lay, x[p0:].tolist(), commit_step, per_step, static_steps=0,
+                   draft_size=int(p["draft_size"]))
+            return
         logits = gen_logits(view, x, lay)[0]
         c = 0  # commits so far = the static decoder's step index
         rnd = 0
-        while c < g:
+        while c < n_static:
             ctx.check_cancel()
-            b = c // lay.block_length  # static decoding fills blocks in order, one per step
-            s0, s1 = lay.block(b)
             pos = (x[p0:] == mask).nonzero().squeeze(1)
+            s0, s1 = self._block(lay, pos)
             prop = propose(ctx, rc, logits, pos, c, c / g, None, {})
             drafts = self._draft(ctx, rc, prop, logits, s0, s1, c, int(p["draft_size"]))
             states = []
@@ -99,7 +113,7 @@ class FreeDave(DiffusionDecoder):
                 sub.tokens[keep[n]] = t
             st = denoise_step(lay, x, sub, keep, (s0, s1),
                               draft={"positions": [q for q, _ in drafts], "ids": [t for _, t in drafts],
-                                     "accepted": accepted})
+                                     "accepted": accepted}, **extra)
             for q, _t in drafts[:accepted]:
                 commit_step[q] = rnd
             per_step.append(accepted)
@@ -107,11 +121,18 @@ class FreeDave(DiffusionDecoder):
             yield st
             c += accepted
             rnd += 1
-            if nxt is None and c < g:  # cannot happen: a canvas with masks left was forwarded
+            if nxt is None and c < n_static:  # cannot happen: a canvas with masks left was forwarded
                 raise RuntimeError("freedave lost its logits")
             logits = nxt if nxt is not None else logits
         finish(self, ctx, lay, x[p0:].tolist(), commit_step, per_step,
-               static_steps=g, draft_size=int(p["draft_size"]))
+               static_steps=n_static, draft_size=int(p["draft_size"]))
+
+    @staticmethod
+    def _block(lay: Any, pos: torch.Tensor) -> tuple[int, int]:
+        """The block static decoding is filling: the first one with a mask left (``pos``, the
+        masked positions, ascending and not empty). Counting commits would be wrong once fixed
+        cells fill part of a block, or a whole one, before any step."""
+        return lay.block(int(pos[0]) // lay.block_length)
 
     @staticmethod
     def _static_choice(ctx: Context, rc: Recipe, state: torch.Tensor, logits: torch.Tensor,
@@ -121,8 +142,7 @@ class FreeDave(DiffusionDecoder):
         pos = (state[p0:] == mask).nonzero().squeeze(1)
         if pos.numel() == 0:
             return None
-        b = (lay.gen_length - pos.numel()) // lay.block_length
-        s0, s1 = lay.block(b)
+        s0, s1 = FreeDave._block(lay, pos)
         prop = propose(ctx, rc, logits, pos, step, 0.0, None, {})
         idx = ((prop.pos >= s0) & (prop.pos < s1)).nonzero().squeeze(1)
         best = idx[top_k_positions(prop.score[idx], 1)][0]
