@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 
@@ -228,16 +228,34 @@ def _beam_knobs(beams_default: int, beams_lo: int) -> dict[str, Any]:
     )
 
 
+class RowScores(Protocol):
+    """Per-token scores a beam search ranks by instead of the target's log-probabilities (e.g.
+    contrastive decoding's expert-minus-amateur), kept row for row beside the beams."""
+
+    def scores(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """(rows, V) scores from the target's (rows, V) log-probabilities at this step."""
+
+    def reorder(self, rows: Sequence[int]) -> None:
+        """Follow the beams' reordering: row ``i`` becomes old row ``rows[i]``."""
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Feed each row's chosen token."""
+
+
 def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: int,
-                      diversity_penalty: float, uid_lam: float = 0.0) -> Iterator[Step]:
+                      diversity_penalty: float, uid_lam: float = 0.0, scorer: RowScores | None = None,
+                      settings: dict[str, Any] | None = None) -> Iterator[Step]:
     """Beam search over ``groups`` groups of beams in one batch (1 group = plain beam search).
 
     Group ``g`` sees log-probs lowered by ``diversity_penalty`` times the number of times
     each token was chosen by groups ``0..g-1`` at this same step (Hamming diversity).
     ``uid_lam`` > 0 ranks by the UID-regularised score (see :class:`BeamGroup`); its steps
     then carry each beam's ``logprob`` and a ``uid`` field (the best beam's surprisals).
+    ``scorer`` replaces the per-token log-probabilities the beams accumulate (the beam scores
+    are then sums of its scores); ``settings`` holds the beam knobs (``length_penalty``,
+    ``early_stopping``, ``num_return_sequences``, ``patience``) when ``ctx.params`` does not.
     """
-    p = ctx.params
+    p = settings if settings is not None else ctx.params
     gs = num_beams // groups
     es = _early_stopping(p["early_stopping"])
     n_stop = len(ctx.stop_ids)
@@ -252,6 +270,8 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
         ctx.check_cancel()
         # ranking, masks and diversity counts live on the CPU, whatever device the model is on
         logprobs = torch.log_softmax(logits.float(), -1).cpu()
+        if scorer is not None:
+            logprobs = scorer.scores(logprobs)
         cev = None
         if crows is not None:
             # masked on the log-probs, as transformers' processors: scores stay the model's log-probability
@@ -303,6 +323,9 @@ def group_beam_search(decoder: Decoder, ctx: Context, num_beams: int, groups: in
         if crows is not None:
             crows = follow_rows(crows, rows, feed, stepped)
         logits = state.advance(feed)
+        if scorer is not None:
+            scorer.reorder(rows)
+            scorer.advance(feed)
     pool = sorted((h for grp in bank for h in grp.pool), key=lambda h: -h.score)
     if not pool:  # cancelled before anything finished: fall back to the best running beam
         pool = [Hyp(list(bank[0].running[0]), float(bank[0].scores[0]), 0)]

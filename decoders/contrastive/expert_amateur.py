@@ -8,7 +8,8 @@ from typing import Any, Iterator
 import torch
 
 from decoders.ar import ARState, draw, token_loop
-from decoders.base import Context, Decoder, Float, Params, lens_param, register
+from decoders.base import Context, Decoder, Float, Int, Params, lens_param, register
+from decoders.beam_batch import BIG, BatchState, group_beam_search
 from decoders.citation import arxiv
 from decoders.contrastive._common import contrast_evidence
 from playground.core.errors import PlaygroundError
@@ -29,13 +30,46 @@ def cd_scores(expert_logits: torch.Tensor, amateur_logits: torch.Tensor, alpha: 
 
     plausible = {v : p_e(v) >= alpha · max p_e}; score(v) = log p_e(v) - beta · log p_a(v) on
     it, -inf elsewhere, where p_a is the amateur's softmax at ``amateur_temperature`` τ
-    (Li et al. sharpen the amateur with τ < 1: p_a = softmax(logits_a / τ)).
+    (Li et al. sharpen the amateur with τ < 1: p_a = softmax(logits_a / τ)). The last axis is
+    the vocabulary: (V,) for one position, (rows, V) for a batch of beams.
     """
     le = torch.log_softmax(expert_logits.float(), -1)
     la = torch.log_softmax(amateur_logits.float() / amateur_temperature, -1).clamp(min=_LOGP_FLOOR)
-    cut = le.max() + (math.log(alpha) if alpha > 0 else -math.inf)
+    # per row: a batch of beams has one plausible set each
+    cut = le.max(-1, keepdim=True).values + (math.log(alpha) if alpha > 0 else -math.inf)
     plausible = torch.isfinite(le) & (le >= cut)
     return torch.where(plausible, le - beta * la, torch.full_like(le, -math.inf)), plausible
+
+
+class ContrastRows:
+    """The amateur beside a batch of beams: each row's contrastive scores (:func:`cd_scores`)
+    for :func:`decoders.beam_batch.group_beam_search`, outside the plausible set at -BIG."""
+
+    def __init__(self, amateur: Any, prompt_ids: list[int], rows: int, vocab: int, alpha: float, beta: float,
+                 tau: float) -> None:
+        self.state = BatchState(amateur, prompt_ids, rows)
+        self.logits = self.state.first[None].expand(rows, -1)
+        self.vocab, self.alpha, self.beta, self.tau = vocab, alpha, beta, tau
+
+    def scores(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """(rows, V) contrastive scores from the expert's log-probabilities."""
+        v = self.vocab
+        s, _plausible = cd_scores(logprobs[:, :v], self.logits[:, :v].float().cpu(), self.alpha, self.beta, self.tau)
+        out = torch.full_like(logprobs, -BIG)
+        out[:, :v] = torch.where(torch.isfinite(s), s, torch.full_like(s, -BIG))
+        return out
+
+    def reorder(self, rows: Any) -> None:
+        """Follow the beams' reordering."""
+        self.state.reorder(rows)
+
+    def advance(self, tokens: Any) -> None:
+        """Feed each row's token to the amateur."""
+        self.logits = self.state.advance(tokens)
+
+
+# the beam knobs contrastive beams run with (transformers' defaults)
+_BEAM_SETTINGS = {"length_penalty": 1.0, "early_stopping": "false", "num_return_sequences": 1, "patience": 1.0}
 
 
 @register
@@ -53,8 +87,11 @@ class Contrastive(Decoder):
     3. ``temperature`` 0: x_t = argmax score (greedy over the contrast); otherwise draw x_t
        from softmax(score / ``temperature``) with the run's common random numbers.
 
-    Simplifies: the paper searches the objective with beam search; this lane takes the best
-    token per step (greedy), so its output can differ from the paper's beams.
+    ``num_beams`` > 1 searches the objective with beam search, as the paper does (at
+    ``temperature`` 0): each beam accumulates the step scores above, the amateur kept row for
+    row beside the expert's beams; finished hypotheses rank by summed score / length
+    (transformers' beam rules, :mod:`decoders.beam_batch`). ``num_beams`` 1 takes the best token
+    per step (greedy over the contrast).
 
     ``beta`` = 1 is exactly Li et al.'s log p_e - log p_a; ``beta`` = 0 is greedy on the
     expert. O'Brien & Lewis (2023) write the score as (1 + b)·s_e - b·s_a on logits, which
@@ -75,6 +112,8 @@ class Contrastive(Decoder):
         temperature=Float(0.0, 0.0, 10.0, "0 = greedy over the contrast; else sample softmax(score / T)"),
         amateur_temperature=Float(1.0, 0.05, 10.0, "τ: the amateur's softmax temperature in the score "
                                                     "(below 1 sharpens it; the paper uses 0.5 and 1.0)"),
+        num_beams=Int(1, 1, 16, "1 = greedy over the contrast; more = beam search over the summed contrast "
+                                "score (temperature 0 only)"),
         logit_lens=lens_param(),
     )
     reference = ("Li et al. 2023, Contrastive Decoding: Open-ended Text Generation as Optimization (ACL); "
@@ -100,6 +139,13 @@ class Contrastive(Decoder):
                                   f"amateur {amateur.name!r} ({amateur.context_length} tokens)")
         alpha, beta, temp = (float(ctx.params[k]) for k in ("alpha", "beta", "temperature"))
         tau = float(ctx.params["amateur_temperature"])
+        beams = int(ctx.params["num_beams"])
+        if beams > 1:
+            if temp != 0.0:
+                raise PlaygroundError("contrastive beam search (num_beams > 1) runs at temperature 0")
+            rows = ContrastRows(amateur, list(ctx.prompt_ids), beams, vocab, alpha, beta, tau)
+            yield from group_beam_search(self, ctx, beams, 1, 0.0, scorer=rows, settings=_BEAM_SETTINGS)
+            return
         state = ARState(amateur)
         evidence: dict[str, Any] = {}
 
@@ -133,4 +179,5 @@ class Contrastive(Decoder):
         # beta = 0 leaves the expert alone: greedy at temperature 0, the expert's own
         # distribution at temperature 1 with no plausibility cut
         t = params["temperature"]
-        return params["beta"] != 0 or t not in (0.0, 1.0) or (t == 1.0 and params["alpha"] > 0)
+        return (params["beta"] != 0 or t not in (0.0, 1.0) or (t == 1.0 and params["alpha"] > 0)
+                or params.get("num_beams", 1) > 1)
