@@ -8,29 +8,33 @@ keywords present, the distance to a target length. Every particle proposes its n
 from the model; its log weight grows by the change in ``strength * phi``. When the effective
 sample size ``1 / sum(W^2)`` of the normalised weights ``W`` falls below ``ess_threshold * N``
 the population is resampled (systematic or multinomial, on the run's common random numbers)
-and the weights are reset to uniform. The output is one particle drawn by its final weight.
+and the weights are reset to uniform. Optionally (``rejuvenate`` = k > 0) every resampled
+particle then gets one Metropolis-Hastings move that proposes fresh last k tokens (resample-
+move SMC; ``rejuvenate_at=every`` moves after every step, weights kept). The output is one
+particle drawn by its final weight.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from decoders.kv_cache import repeat_batch
-from decoders.ar import draw
+from decoders.ar import draw, sample_index
 from decoders.base import Choice, Context, Decoder, Float, Int, Params, Text, check_stop, register
 from decoders.citation import arxiv
-from decoders.constraint import constraint_params, stage_for
+from decoders.constraint import active as constraint_active, constraint_params, stage_for
 from decoders.processors import History, build_chain
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
 
 REGEX_TIMEOUT_S = 0.5  # a pathological pattern is refused, never a hang
 RESAMPLERS = ("systematic", "multinomial")
+REJUVENATE_AT = ("resample", "every")
 
 
 # ---------------------------------------------------------------------- potentials
@@ -142,13 +146,17 @@ def resample(weights: Sequence[float], uniforms: Sequence[float], how: str) -> l
     n = w.size
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
-    cdf[-1] = 1.0  # rounding must never push a point past the last particle
+    # rounding must never push a point past the last particle of positive weight: the CDF is
+    # exactly 1 from there on, and every point stays below 1 ((n - 1 + u) / n can round to 1)
+    pos = np.flatnonzero(w > 0)
+    cdf[int(pos[-1]) if pos.size else n - 1:] = 1.0
     if how == "systematic":
         points = (np.arange(n) + float(uniforms[0])) / n
     elif how == "multinomial":
         points = np.sort(np.asarray(uniforms[:n], dtype=np.float64))
     else:
         raise PlaygroundError(f"unknown resampling {how!r}; choose one of: {', '.join(RESAMPLERS)}")
+    points = np.minimum(points, np.nextafter(1.0, 0.0))
     idx = np.searchsorted(cdf, points, side="right")
     return [int(min(i, n - 1)) for i in idx]
 
@@ -174,6 +182,94 @@ def pick(weights: Sequence[float], u: float) -> int:
     return min(j, len(cdf) - 1)
 
 
+# ---------------------------------------------------------------------- rejuvenation
+def mh_rejuvenate(prefix: Sequence[int], seqs: Sequence[Sequence[int]], k: int,
+                  logits_at: Callable[[list[list[int]]], torch.Tensor],
+                  proposal: Callable[[torch.Tensor, list[int]], torch.Tensor],
+                  log_potential: Callable[[list[int]], float | None],
+                  uniforms: Callable[[int, int], Sequence[float]]) -> list[dict[str, Any]]:
+    """One Metropolis-Hastings move per sequence that proposes a fresh copy of its last ``k`` tokens.
+
+    ``seqs`` are the generated tokens of the particles to move (all the same length ``L``,
+    after ``prefix``, the prompt); ``m = min(k, L)`` tokens are redrawn. The invariant target
+    of a sequence ``x`` is ``gamma(x) = q(x) * exp(log_potential(x))`` with ``q`` the
+    proposal model (``proposal(logits, generated)`` gives its log-probabilities for the next
+    token): what the population approximates at this step (equally weighted right after a
+    resampling; a weighted population keeps its weights through the move).
+    Writing ``x = (a, y)`` with ``y`` the last ``m`` tokens, the move draws ``y'`` from
+    ``q(. | a)`` token by token and accepts with probability ``min(1, r)``,
+
+        r = gamma(a, y') q(y | a) / (gamma(a, y) q(y' | a)),
+
+    which keeps ``gamma`` invariant (detailed balance). Since the target's token part is
+    the proposal itself, ``r`` reduces to ``exp(log_potential(a, y') - log_potential(a, y))``,
+    but each factor is computed and recorded on its own so the evidence shows the ratio
+    whole. ``log_potential`` returns None for a sequence outside the moved set (one that
+    would have finished: a stop token or stop string): such a proposal has target 0 and is
+    refused, so the move never turns a live particle into a finished one.
+    ``logits_at(batch)`` gives the model's logits (B, T, V) at every position of equal-length
+    id lists; ``uniforms(i, n)`` gives sequence ``i`` its ``n`` uniforms (``m`` to draw, one to
+    accept). Returns one record per sequence: ``particle`` (its index in ``seqs``), ``k``
+    (= m), ``current`` / ``proposed`` (the last m tokens), ``log_q_current`` /
+    ``log_q_proposed`` (``log q(y | a)``, ``log q(y' | a)``), ``log_potential_current`` /
+    ``log_potential_proposed``, ``log_target_current`` / ``log_target_proposed`` (``log
+    q + log_potential``, the target's unnormalised log density of the last m tokens given
+    ``a``), ``log_ratio``, ``accept_prob``, ``u``, ``accepted``, ``valid``, and
+    ``raw_delta`` (the change of the raw model's log-probability: ``logits_at``'s softmax)
+    and ``ids`` (the sequence after the move).
+    """
+    if not seqs:
+        return []
+    pre = list(prefix)
+    n_gen = len(seqs[0])
+    m = min(int(k), n_gen)
+    cut = n_gen - m
+    P = len(pre)
+    # one forward over every sequence scores the current last m tokens under the proposal;
+    # its row before them is also where the proposal starts (the same prefix a)
+    full = logits_at([pre + list(s[:-1]) for s in seqs])
+    rows = [full[:, P + cut - 1 + j] for j in range(m)]
+    us = [np.asarray(uniforms(b, m + 1), dtype=np.float64) for b in range(len(seqs))]
+    cur_q, cur_raw = [0.0] * len(seqs), [0.0] * len(seqs)
+    for b, s in enumerate(seqs):
+        for j in range(m):
+            tok = int(s[cut + j])
+            cur_q[b] += float(proposal(rows[j][b], list(s[:cut + j]))[tok])
+            cur_raw[b] += float(torch.log_softmax(rows[j][b].float(), -1)[tok])
+    new = [list(s[:cut]) for s in seqs]
+    new_q, new_raw = [0.0] * len(seqs), [0.0] * len(seqs)
+    row = rows[0]
+    for j in range(m):
+        for b in range(len(seqs)):
+            lp = proposal(row[b], new[b])
+            tok = sample_index(torch.exp(lp), float(us[b][j]))
+            new[b].append(tok)
+            new_q[b] += float(lp[tok])
+            new_raw[b] += float(torch.log_softmax(row[b].float(), -1)[tok])
+        if j + 1 < m:
+            row = logits_at([pre + s for s in new])[:, -1]
+    out = []
+    for b, s in enumerate(seqs):
+        lphi_cur = log_potential(list(s))
+        lphi_new = log_potential(new[b])
+        valid = lphi_new is not None and lphi_cur is not None
+        lt_cur = cur_q[b] + (lphi_cur or 0.0)
+        lt_new = new_q[b] + (lphi_new or 0.0) if valid else -math.inf
+        ratio = (lt_new - lt_cur) + (cur_q[b] - new_q[b]) if valid else -math.inf
+        if math.isnan(ratio):  # -inf - -inf: a point-mass proposal met a token it rules out
+            ratio = -math.inf
+        a = 1.0 if ratio >= 0 else math.exp(ratio)
+        ok = bool(float(us[b][m]) < a)
+        out.append({"particle": b, "k": m, "current": list(s[cut:]), "proposed": new[b][cut:],
+                    "log_q_current": cur_q[b], "log_q_proposed": new_q[b],
+                    "log_potential_current": lphi_cur, "log_potential_proposed": lphi_new,
+                    "log_target_current": lt_cur, "log_target_proposed": lt_new, "log_ratio": ratio,
+                    "accept_prob": a, "u": float(us[b][m]), "accepted": ok, "valid": valid,
+                    "raw_delta": new_raw[b] - cur_raw[b] if ok else 0.0,
+                    "ids": new[b] if ok else list(s)})
+    return out
+
+
 # ---------------------------------------------------------------------- the decoder
 class SMCParams(Params):
     """SMC knobs; validation also compiles the regex, so a bad one is refused before the run."""
@@ -181,6 +277,9 @@ class SMCParams(Params):
     def validate(self, decoder: str, given: dict[str, Any]) -> dict[str, Any]:
         out = super().validate(decoder, given)
         potential_from(out)
+        if int(out.get("rejuvenate", 0)) > 0 and constraint_active(out):
+            raise PlaygroundError("knob 'rejuvenate' cannot be combined with a constraint knob "
+                                  "(regex, json_schema, grammar): set one of them to off")
         return out
 
 
@@ -229,8 +328,28 @@ class SMC(Decoder):
     particle with its weight and parent, plus ``smc`` (weights, ESS, threshold, whether and
     how the population was resampled; under a constraint ``allowed_mass`` per particle and
     the heaviest constrained particle's ``constraint`` evidence).
+    ``rejuvenate`` = k > 0 adds resample-move rejuvenation: after every resampling each live
+    particle gets one Metropolis-Hastings move that redraws its last k tokens from the
+    proposal (the model at ``temperature``; uniforms on stream ``smc/rejuvenate/<i>``) and
+    accepts it with ``min(1, r)``, ``r = gamma(a, y') q(y | a) / (gamma(a, y) q(y' | a))`` for
+    the target ``gamma = q * exp(strength * phi)`` of the equally weighted population (see
+    :func:`mh_rejuvenate`); so the move leaves the population's distribution unchanged while
+    restoring the diversity that resampling duplicated away. A proposal that would finish
+    the particle (a stop token or string) is refused. The step's ``smc`` evidence gains
+    ``rejuvenation`` (``k``, ``proposals``, ``accepted``, ``acceptance_rate`` and each move's
+    factors, :func:`mh_rejuvenate`, and ``after_resampling``); stats gain
+    ``rejuvenation_proposals``/``_accepted``/``_rate``. Moved particles are re-encoded in a
+    fresh batched forward. 0 (the default) is off and the run is exactly the one without the
+    knob. ``rejuvenate_at=every`` moves after every step instead, the weights kept (an MH
+    kernel invariant for the target leaves a weighted population's expectation unchanged);
+    only then is the evidence-weighted output, ``sum_r Z_r [x_r = x] / sum_r Z_r`` over runs,
+    exactly unbiased for any N: moving only when the ESS triggered a resampling makes the
+    move depend on the population, a finite-N bias that vanishes as N grows (measured on a
+    three-token bigram with N = 4 in ``tests/test_smc_rejuvenation.py``).
     Simplifies: the proposal is the (masked) model itself, no learned look-ahead twist;
-    potentials are evaluated on decoded text.
+    potentials are evaluated on decoded text; rejuvenation is one independence-style move
+    per resampling (no tuning of k, no repeated sweeps) and is refused under a constraint
+    knob (its matcher state would have to be rewound k tokens).
     """
 
     name = "smc"
@@ -246,6 +365,12 @@ class SMC(Decoder):
         match_regex=Text("", "potential: the output must be able to become (finished: be) a full match of this regex"),
         keywords=Text("", "potential: comma-separated words the output should contain (case-insensitive)"),
         target_chars=Int(0, 0, 100_000, "potential: output length in characters to aim for; 0 = off"),
+        rejuvenate=Int(0, 0, 64, "Metropolis-Hastings rejuvenation: one move per particle proposing its last k "
+                                 "tokens afresh from the proposal, after each resampling (see rejuvenate_at); "
+                                 "0 = off"),
+        rejuvenate_at=Choice("resample", REJUVENATE_AT,
+                             "when the moves run: resample (after each resampling) or every (after every step, "
+                             "weights kept: the evidence-weighted output stays exactly unbiased)"),
         **constraint_params(words=False),
     )
     reference = ("Lew et al. 2023, Sequential Monte Carlo Steering of Large Language Models using "
@@ -278,6 +403,9 @@ class SMC(Decoder):
         parts = [Particle(phi=phi0, row=stage.row() if stage is not None else None) for _ in range(n)]
         log_z = 0.0
         resamples = 0
+        k_rejuv = int(p.get("rejuvenate", 0))
+        every = str(p.get("rejuvenate_at", "resample")) == "every"
+        moves_proposed = moves_accepted = 0
 
         first = ctx.target.forward(prompt, cache=ctx.target.new_cache())
         cache = first.cache
@@ -328,6 +456,20 @@ class SMC(Decoder):
                 ancestors = resample(w, u, str(p["resampling"]))
                 log_z += log_mean_exp([q.log_w for q in parts])
                 resamples += 1
+            resampled: list[Particle] | None = None
+            rejuv: dict[str, Any] | None = None
+            if k_rejuv > 0 and alive_next and (ancestors is not None or every):
+                # the next population is built (and moved) now so that this step records the moves;
+                # without resampling ("every") the moved copies keep their weights: an MH move
+                # invariant for the target leaves a weighted population's expectation unchanged
+                resampled = [parts[a].copy() for a in ancestors] if ancestors is not None else [q.copy() for q in parts]
+                if ancestors is not None:
+                    for q in resampled:
+                        q.log_w = 0.0
+                rejuv = self._rejuvenate(ctx, resampled, k_rejuv, chain, pot, beta, t)
+                rejuv["after_resampling"] = ancestors is not None
+                moves_proposed += rejuv["proposals"]
+                moves_accepted += rejuv["accepted"]
             yield Step("beam", [], beams=[
                 {"ids": list(q.ids), "score": round(float(math.log(w[i])) if w[i] > 0 else -1e9, 5),
                  "logprob": round(q.logprob, 5), "parent": parents[i], "finished": q.finished,
@@ -338,13 +480,18 @@ class SMC(Decoder):
                      "resampled": do_resample, "ancestors": ancestors,
                      "weights": [round(float(x), 6) for x in w],
                      "log_weights": [round(q.log_w, 5) for q in parts],
-                     "potentials": [round(q.phi, 5) for q in parts], "log_z": round(log_z, 5)},
+                     "potentials": [round(q.phi, 5) for q in parts], "log_z": round(log_z, 5),
+                     **({"rejuvenation": rejuv} if rejuv is not None else {})},
                 **self._constraint_evidence(cev, w))
             if not alive_next:
                 break
             # the next step's live particles: their cache rows, after resampling if any
             old_row = {i: r for r, i in enumerate(live)}
-            if ancestors is not None:
+            if resampled is not None:
+                parts = resampled
+                parents = list(ancestors) if ancestors is not None else list(range(n))
+                src = [parents[j] for j in range(n) if not parts[j].finished]
+            elif ancestors is not None:
                 parts = [parts[a].copy() for a in ancestors]
                 for q in parts:
                     q.log_w = 0.0
@@ -356,7 +503,12 @@ class SMC(Decoder):
             if not src:  # resampling kept only finished particles
                 break
             rows = [old_row[a] for a in src]
-            if rows != list(range(len(live))):
+            if rejuv is not None and rejuv["accepted"]:
+                # moved particles no longer match their cache rows: encode the live ones afresh
+                # (all live particles have the same length, so no padding is needed)
+                seqs = [prompt + parts[j].ids[:-1] for j in range(n) if not parts[j].finished]
+                cache = ctx.target.forward(torch.tensor(seqs, dtype=torch.long), cache=ctx.target.new_cache()).cache
+            elif rows != list(range(len(live))):
                 cache.reorder_cache(torch.tensor(rows, dtype=torch.long))
             feed = [parts[j].ids[-1] for j in range(n) if not parts[j].finished]
             out = ctx.target.forward(torch.tensor(feed, dtype=torch.long)[:, None], cache=cache)
@@ -369,9 +521,52 @@ class SMC(Decoder):
         self.finish_reason = best.reason
         self.extra_stats.update(
             chosen_particle=k, resamples=resamples, log_z=round(log_z, 5), final_ess=round(ess(w), 4),
+            **({"rejuvenation_proposals": moves_proposed, "rejuvenation_accepted": moves_accepted,
+                "rejuvenation_rate": round(moves_accepted / moves_proposed, 4) if moves_proposed else 0.0}
+               if k_rejuv > 0 else {}),
             potentials=pot.parts(),
             particles=[{"ids": q.ids, "weight": round(float(w[i]), 6), "logprob": round(q.logprob, 5),
                         "potential": round(q.phi, 5)} for i, q in enumerate(parts)])
+
+    def _rejuvenate(self, ctx: Context, parts: list[Particle], k: int, chain: Any, pot: Potential, beta: float,
+                    t: int) -> dict[str, Any]:
+        """One MH move for each live particle of the next population ``parts`` (resampled, or
+        the weighted one under ``rejuvenate_at=every``), in place; the step's ``rejuvenation``
+        evidence."""
+        prompt = list(ctx.prompt_ids)
+        live = [i for i, q in enumerate(parts) if not q.finished]
+
+        def logits_at(batch: list[list[int]]) -> torch.Tensor:
+            return ctx.target.forward(torch.tensor(batch, dtype=torch.long), cache=ctx.target.new_cache()).logits
+
+        def proposal(logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
+            h = History(ids=prompt + generated, prompt_len=len(prompt), pos=len(generated), uniform=ctx.uniform)
+            return torch.log_softmax(chain(logits.float(), h).double(), -1)
+
+        def log_potential(ids: list[int]) -> float | None:
+            # a sequence that would have finished along the way is outside the live set
+            for j in range(1, len(ids) + 1):
+                if check_stop(ctx, ids[:j], ctx.target.decode):
+                    return None
+            return beta * pot(ctx.target.decode(ids), False) if pot.active else 0.0
+
+        moves = mh_rejuvenate(prompt, [parts[i].ids for i in live], k, logits_at, proposal, log_potential,
+                              lambda b, m: ctx.uniforms(t, m, f"smc/rejuvenate/{live[b]}"))
+        for mv in moves:
+            i = live[mv["particle"]]
+            mv["particle"] = i
+            if mv["accepted"]:
+                q = parts[i]
+                q.ids = list(mv["ids"])
+                q.logprob += mv["raw_delta"]
+                q.phi = pot(self._text(ctx, q), False) if pot.active else q.phi
+        accepted = sum(1 for mv in moves if mv["accepted"])
+        return {"k": k, "proposals": len(moves), "accepted": accepted,
+                "acceptance_rate": round(accepted / len(moves), 4) if moves else 0.0,
+                # full precision, so the acceptance recomputes exactly from the record; -inf (a
+                # refused proposal) is stored as None, which JSON can hold
+                "moves": [{key: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for key, v in mv.items() if key not in ("ids", "raw_delta")} for mv in moves]}
 
     @staticmethod
     def _constraint_evidence(cev: dict[int, dict[str, Any]], w: np.ndarray) -> dict[str, Any]:
@@ -388,4 +583,5 @@ class SMC(Decoder):
         return ctx.target.decode(ids)
 
 
-__all__ = ["Potential", "SMC", "ess", "normalise", "parse_keywords", "pick", "potential_from", "resample"]
+__all__ = ["Potential", "SMC", "ess", "mh_rejuvenate", "normalise", "parse_keywords", "pick", "potential_from",
+           "resample"]
