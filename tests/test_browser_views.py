@@ -106,3 +106,27 @@ def test_the_sweep_tab_runs_a_grid_and_any_cell_opens_as_a_comparison(page, app)
     page.goto(f"{app.url}/{href}")
     page.wait_for_function("() => document.querySelector('#status').innerText.includes('Replaying')", timeout=120_000)
     assert page.locator("#lane-1-decoder input").input_value().endswith("top_p")
+
+
+def test_the_sandbox_draws_what_the_run_drew_on_a_recorded_step(page, app):
+    import playground
+
+    trace = playground.generate(model="tiny-shakespeare", decoder="top_k", prompt=PROMPT, max_new_tokens=6, seed=3,
+                                k=5, temperature=1.0)
+    with Store(app.db) as s:
+        sid = s.save_session("sandbox step", "tiny-shakespeare", PROMPT, {}, [trace])
+    step = trace["steps"][2]
+    drawn = trace["tokens"][str(step["committed"][0])]
+    page.get_by_role("tab", name="Sandbox").click()
+    page.locator("#sandbox-recorded").get_by_text("…or a recorded step of a session").click()
+    page.locator("#sandbox-session input, #sandbox-session textarea").first.fill(sid)
+    page.locator("#sandbox-step input").first.fill("2")
+    page.click("#sandbox-load")
+    page.wait_for_function("() => document.querySelector('#sandbox-status').innerText.includes('Loaded lane 1')")
+    page.locator("#sandbox-knob-top_k input").first.fill("5")
+    page.locator("#sandbox-knob-temperature input").first.fill("1")
+    page.click("#sandbox-apply")
+    page.wait_for_function("() => document.querySelector('#sandbox-status').innerText.includes('Drew')")
+    status = page.locator("#sandbox-status").inner_text()
+    assert f"Drew {drawn!r}" in status, status
+    page.locator("#sandbox-chain-plot .js-plotly-plot").first.wait_for()
