@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from decoders.base import Float, Int, Param, Params, PlaygroundError, Text
+from decoders.base import Choice, Float, Int, Param, Params, PlaygroundError, Text
 
 NEG_INF = float("-inf")
 
@@ -778,6 +778,175 @@ class DRY(Processor):
         return out
 
 
+# ---------------------------------------------------------------------- Bregman top-k (not a built-in rule)
+BREGMAN_DIVERGENCES = ("kl", "sq_euclid")
+BREGMAN_CURVE = 256  # loss-vs-k values a step records (a window around the chosen k past this)
+
+
+def bregman_losses(sorted_probs: torch.Tensor, total_sq: float, lam: float, divergence: str) -> torch.Tensor:
+    """The objective ``L(k) = D(q_k, p) + lam * k`` for ``k = 1..K`` (float64, index ``k - 1``).
+
+    ``sorted_probs`` are the ``K`` largest probabilities of ``p``, descending (float64);
+    ``total_sq`` is ``sum p_i^2`` over every live token (the squared-Euclidean tail needs the
+    whole distribution, not only the ``K`` searched). ``q_k`` is the best distribution whose
+    support is the top ``k``, i.e. the Bregman projection of ``p`` onto that face of the simplex:
+
+    - ``kl``: ``q_k = p`` renormalised on the top ``k``, so ``D = KL(q_k || p) = -log S_k``
+      with ``S_k`` the top-``k`` mass;
+    - ``sq_euclid`` (``D = ||q - p||^2 / 2``): ``q_k = p + (1 - S_k) / k`` on the top ``k`` (the
+      missing mass spread evenly), so ``D = ((1 - S_k)^2 / k + sum_{i>k} p_i^2) / 2``.
+
+    Both are discretely convex in ``k``, so binary search on the first difference is exact
+    (why, see :func:`bregman_search`); ``tests/test_bregman_topk.py`` checks it numerically.
+    """
+    k = torch.arange(1, sorted_probs.numel() + 1, dtype=torch.float64)
+    mass = torch.cumsum(sorted_probs, 0)
+    if divergence == "kl":
+        # mass can round a hair above 1 over the whole vocabulary: -log of it is ~0, never < -1e-15
+        div = -torch.log(mass)
+    elif divergence == "sq_euclid":
+        rest = (1.0 - mass).clamp_min(0.0)
+        tail_sq = (total_sq - torch.cumsum(sorted_probs * sorted_probs, 0)).clamp_min(0.0)
+        div = 0.5 * (rest * rest / k + tail_sq)
+    else:
+        raise PlaygroundError(f"unknown divergence {divergence!r}; choose one of: {', '.join(BREGMAN_DIVERGENCES)}")
+    return div + lam * k
+
+
+def bregman_search(losses: Sequence[float]) -> tuple[int, list[int]]:
+    """The ``k`` minimising a discretely convex ``losses[k - 1]`` by binary search on its first
+    difference, and the ``k`` values it read (in the order read).
+
+    Convexity makes ``L(k+1) - L(k)`` non-decreasing, so the first ``k`` where it is ``>= 0``
+    is the smallest minimiser: each probe reads ``L(mid)`` and ``L(mid+1)`` and halves the
+    range, about ``2 log2 K`` reads in all (the full curve is only computed for the evidence).
+
+    Why the two objectives are convex (``S_k`` the top-``k`` mass, ``p`` sorted descending):
+    for ``kl`` the second difference is ``log(S_k^2 / (S_{k+1} S_{k-1}))`` and
+    ``(S_k + p_{k+1})(S_k - p_k) <= S_k^2`` because ``p_{k+1} <= p_k``. For ``sq_euclid``
+    write ``r`` for the mass left out at ``k`` and ``a = p_{k+1}``: twice the first difference
+    is ``h(r, a, k) = (r-a)^2/(k+1) - r^2/k - a^2``, which falls as ``a`` grows; so the next
+    difference, ``h(r-a, p_{k+2}, k+1) >= h(r-a, a, k+1)``, and ``h(r-a, a, k+1) >= h(r, a, k)``
+    is ``(r-2a)^2/(k+2) + r^2/k >= 2 (r-a)^2/(k+1)``, Jensen for the jointly convex ``x^2/y``.
+    """
+    lo, hi = 1, len(losses)
+    probes: list[int] = []
+
+    def read(k: int) -> float:
+        if k not in probes:
+            probes.append(k)
+        return losses[k - 1]
+
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if read(mid + 1) >= read(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    read(lo)
+    return lo, probes
+
+
+class BregmanTopK(Processor):
+    """Bregman top-k (adaptive k): per step keep the top ``k`` that minimises
+    ``D(q_k, p) + lam * k`` (A004's l0-regularised Bregman projection onto the simplex).
+
+    ``p`` is the distribution entering the rule (its live tokens); ``k`` ranges over
+    ``1..K`` with ``K`` the live tokens, capped by ``k_max`` (0 = no cap). Ties with the
+    ``k``-th token are kept, exactly as :class:`TopK` keeps them, so under ``kl`` the rule *is*
+    ``TopK(k)`` with the chosen ``k`` (only removes tokens; the kept logits are untouched and the
+    softmax renormalises). Under ``sq_euclid`` the kept tokens are reweighted to ``q_k`` (each
+    gets an equal share of the removed mass, which flattens the kept distribution).
+
+    :attr:`last` holds the latest call's evidence: the chosen ``k``, the tokens kept, the
+    loss-vs-``k`` curve (up to :data:`BREGMAN_CURVE` values, ``curve_k0`` the ``k`` of the
+    first) and the probes the binary search read, each ``[k, L(k)]``.
+
+    Simplifies relative to the paper: only the primal problem, two divergences (KL and
+    squared Euclidean; no general separable generator or dual form), ``lam`` fixed for the
+    run, and the distribution sorted in full each step (the paper's point is that the
+    search needs ``O(log K)`` loss evaluations; here the sort dominates anyway).
+
+    Not registered as a rule of the shared chain (the built-in chain's items are fixed);
+    it declares ``item``/``slot``/``knobs`` so that ``rule(BregmanTopK)`` would make it one.
+    """
+
+    item = "bregman"
+    masks = True
+    slot = 55
+    knobs = dict(
+        bregman_lambda=Float(0.0, 0.0, 1.0, "Bregman top-k: l0 weight per kept token; 0 = off"),
+        bregman_divergence=Choice("kl", BREGMAN_DIVERGENCES, "Bregman top-k: the divergence D(q_k, p)"),
+        bregman_k_max=Int(0, 0, 1_000_000, "Bregman top-k: largest k searched; 0 = every live token"),
+    )
+
+    @classmethod
+    def active(cls, k: dict[str, Any]) -> bool:
+        return k["bregman_lambda"] > 0
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, Any], tokenizer: Any, vocab_size: int) -> Processor:
+        return cls(k["bregman_lambda"], k["bregman_divergence"], k["bregman_k_max"])
+
+    def __init__(self, lam: float, divergence: str = "kl", k_max: int = 0) -> None:
+        if divergence not in BREGMAN_DIVERGENCES:
+            raise PlaygroundError(f"unknown divergence {divergence!r}; choose one of: {', '.join(BREGMAN_DIVERGENCES)}")
+        if not (lam >= 0 and math.isfinite(lam)):
+            raise PlaygroundError(f"Bregman top-k needs lambda >= 0, got {lam!r}")
+        if k_max < 0:
+            raise PlaygroundError(f"Bregman top-k needs k_max >= 0, got {k_max!r}")
+        self.lam, self.divergence, self.k_max = float(lam), divergence, int(k_max)
+        # an instance flag: sq_euclid rewrites the kept logits, so the chain's evidence must
+        # not assume the draw's winner survives untouched
+        self.masks = divergence == "kl"
+        self._last: dict[str, Any] | None = None
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        """The evidence of the latest call (None before the first)."""
+        return self._last
+
+    def __call__(self, logits: torch.Tensor, h: History) -> torch.Tensor:
+        live = torch.isfinite(logits)
+        n = int(live.sum())
+        if n == 0:
+            return logits
+        cap = min(n, self.k_max) if self.k_max > 0 else n
+        top = torch.topk(logits, cap)
+        probs = torch.softmax(logits.double(), -1)
+        sorted_p = probs[top.indices]
+        total_sq = float((probs * probs).sum())
+        losses = bregman_losses(sorted_p, total_sq, self.lam, self.divergence).tolist()
+        k, probes = bregman_search(losses)
+        # TopK's own arithmetic, so under kl the kept set (ties included) is top_k's bit for bit
+        out = TopK(k)(logits, h)
+        kept = torch.isfinite(out)
+        if self.divergence == "sq_euclid":
+            m = int(kept.sum())
+            shift = max(0.0, 1.0 - float(probs[kept].sum())) / m
+            q = probs + shift
+            out = torch.where(kept, torch.log(q).float(), torch.full_like(logits, NEG_INF))
+        k0 = 1 if cap <= BREGMAN_CURVE else max(1, min(k - BREGMAN_CURVE // 2, cap - BREGMAN_CURVE + 1))
+        curve = losses[k0 - 1: k0 - 1 + BREGMAN_CURVE]
+        self._last = {
+            "k": k, "kept": int(kept.sum()), "k_max": cap, "live": n, "divergence": self.divergence,
+            "lambda": self.lam, "search": "binary", "kept_mass": round(float(sorted_p[:k].sum()), 6),
+            "loss": _loss(losses[k - 1]), "curve_k0": k0, "curve": [_loss(x) for x in curve],
+            "probes": [[j, _loss(losses[j - 1])] for j in probes],
+        }
+        return out
+
+    @property
+    def label(self) -> str:
+        cap = f", k_max={self.k_max}" if self.k_max else ""
+        return f"bregman_top_k(lambda={self.lam:g}, {self.divergence}{cap})"
+
+
+def _loss(x: float) -> float:
+    """A loss value for the trace: eight significant digits (the curve's steps can be small)."""
+    return float(f"{x:.8g}")
+
+
 # ---------------------------------------------------------------------- chain
 def chain_params() -> dict[str, Param]:
     """The knob specs of the whole chain, as the registered rules declare them, then ``order``
@@ -1199,9 +1368,10 @@ def build_chain(knobs: dict[str, Any], tokenizer: Any = None, vocab_size: int = 
 
 
 __all__ = [
-    "Breakers", "Chain", "ChainParams", "DRY", "Epsilon", "Eta", "FrequencyPenalty", "History", "MinP",
-    "Mirostat", "NoRepeatNGram", "PresencePenalty", "Processor", "RULES", "RepetitionPenalty", "STAGE_TOP",
-    "Temperature", "TopK", "TopNSigma", "TopP", "Typical", "XTC", "active_items", "breaker_sequences",
+    "BREGMAN_DIVERGENCES", "Breakers", "BregmanTopK", "Chain", "ChainParams", "DRY", "Epsilon", "Eta",
+    "FrequencyPenalty", "History", "MinP", "Mirostat", "NoRepeatNGram", "PresencePenalty", "Processor", "RULES",
+    "RepetitionPenalty", "STAGE_TOP", "Temperature", "TopK", "TopNSigma", "TopP", "Typical", "XTC", "active_items",
+    "bregman_losses", "bregman_search", "breaker_sequences",
     "build_chain", "chain_defaults", "chain_params", "check_chain", "default_order", "forget_rule",
     "gumbel_pick", "order_items", "rule", "stage_cut",
 ]
