@@ -150,7 +150,7 @@ class BanditSpec(SpecDecoder):
     k of L; the normaliser is the best reward the cheapest drafter could earn. Still lossless:
     which drafter drafts depends only on earlier rounds, and the target's test is unchanged.
     Simplifies: for draft lengths, one draft model; for drafters, one shared γ, no draft
-    trees, and only the pulled drafter is scored each round (A358 scores every drafter on the
+    trees, and only the pulled drafter is scored each round (the online-selection paper scores every drafter on the
     verified text to learn from all of them at once; here it is a plain bandit); the bandits
     are the textbook UCB1 and EXP3, not the paper's exact variants and constants; both rewards
     and their normalisation to [0, 1] are this project's, and the costs are modelled, not
