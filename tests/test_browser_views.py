@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from playground.store import Store
+from tests.browser_helpers import open_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -103,8 +104,8 @@ def test_the_sweep_tab_runs_a_grid_and_any_cell_opens_as_a_comparison(page, app)
     assert page.locator("#sweep-grid .sweep-cell").count() == 4
     href = page.locator("#sweep-grid .sweep-cell a").first.get_attribute("href")
     assert href.startswith("?session=")
-    page.goto(f"{app.url}/{href}")
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Replaying')", timeout=120_000)
+    open_page(page, f"{app.url}/{href}")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Replaying')")
     assert page.locator("#lane-1-decoder input").input_value().endswith("top_p")
 
 

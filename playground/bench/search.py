@@ -54,6 +54,7 @@ SEARCH: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("diverse_beam 4/2", "diverse_beam", {"num_beams": 4, "num_beam_groups": 2}, None),
     ("arithmetic 8", "arithmetic", {"num_samples": 8}, None),
     ("best_of_n 8", "best_of_n", {"num_samples": 8}, None),
+    ("metric_match 8, surprisal 3.5", "metric_match", {"num_samples": 8}, None),
     ("mbr 8 n-gram F1", "mbr", {"num_hypotheses": 8}, None),
     ("mbr 8+8 chrF (epsilon refs)", "mbr", {"num_hypotheses": 8, "num_references": 8, "utility": "chrf",
                                             "ref_sampler": "epsilon"}, None),
