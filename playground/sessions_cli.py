@@ -23,6 +23,7 @@ from playground.html_export import session_html, sessions_html
 from playground.notes import notes_of
 from playground.store import Store, default_path, is_valid_session_id
 from playground.study import study_sessions
+from playground.sweep import sweep_sessions, sweep_title
 
 # Branching (the engine, torch) and the HTML export (plotly, the visualizers) are imported inside the
 # subcommands that use them, so listing, showing or exporting sessions loads neither.
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hx.add_argument("id", nargs="?")
     hx.add_argument("--tree", action="store_true", help="the whole branch tree ID belongs to, root first")
     hx.add_argument("--study", action="store_true", help="every prompt of the study stored in --db")
+    hx.add_argument("--sweep", action="store_true", help="every run of the sweep stored in --db (playground sweep --out)")
     hx.add_argument("-o", "--output", default="-", metavar="FILE", help="file to write (default: stdout)")
     nt = sub.add_parser("note", help="pin a note to a step of a lane (an empty text removes it); "
                                      "without --text, list the session's notes")
@@ -216,15 +218,20 @@ def _tree_ids(tree: dict[str, Any]) -> list[str]:
 
 def _html(store: Any, args: argparse.Namespace) -> str:
     """The page ``sessions html`` writes: one session, its branch tree, or the study's prompts."""
-    if args.study:
-        if args.id or args.tree:
-            raise PlaygroundError("html --study takes no ID and no --tree")
+    if args.study or args.sweep:
+        if args.id or args.tree or (args.study and args.sweep):
+            raise PlaygroundError("html --study or --sweep takes no ID, no --tree and not the other")
+        if args.sweep:
+            sessions = sweep_sessions(store) if store is not None else []
+            if not sessions:
+                raise PlaygroundError("this database holds no sweep")
+            return sessions_html(sessions, sweep_title(sessions))
         sessions = study_sessions(store) if store is not None else []
         if not sessions:
             raise PlaygroundError("this database holds no study")
         return sessions_html(sessions, f"Study: {len(sessions)} prompts")
     if not args.id:
-        raise PlaygroundError("html needs a session ID (or --study)")
+        raise PlaygroundError("html needs a session ID (or --study, or --sweep)")
     if store is None:
         raise _missing(args.id)
     if args.tree:
@@ -251,7 +258,8 @@ def _export(store: Any, args: argparse.Namespace) -> int:
             f.write(text)
     except OSError as e:
         raise PlaygroundError(f"cannot write {args.output}: {e.strerror or e}") from None
-    print(f"exported {args.id or 'the study'} to {args.output}", file=sys.stderr)
+    what = args.id or ("the sweep" if getattr(args, "sweep", False) else "the study")
+    print(f"exported {what} to {args.output}", file=sys.stderr)
     return 0
 
 

@@ -61,6 +61,8 @@ METRICS = (
     ("wall_s", "wall s", 3),
 )
 METRIC_KEYS = tuple(k for k, _, _ in METRICS)
+# an export link naming a whole sweep (its fingerprint follows) rather than one session
+SWEEP_LINK = "sweep:"
 # the scorer of a sweep on a bundled diffusion model: the causal model with its tokenizer
 DIFFUSION_SCORERS = {"tiny-shakespeare-diffusion": "tiny-shakespeare"}
 
@@ -165,6 +167,13 @@ def sweep_sessions(store: Any, fp: str | None = None) -> list[dict[str, Any]]:
         if isinstance(info, dict) and "fingerprint" in info:
             out.append(sess)
     return out
+
+
+def sweep_title(sessions: list[dict[str, Any]]) -> str:
+    """A page title for a stored sweep: its decoder and knobs."""
+    info = next(((s.get("settings") or {}).get("sweep") or {} for s in sessions), {})
+    axes = " × ".join(str(a.get("name")) for a in info.get("axes") or [])
+    return f"Sweep of {info.get('decoder', '?')} over {axes or 'its knobs'} ({len(sessions)} runs)"
 
 
 def _run_key(info: dict[str, Any]) -> tuple[Any, ...]:

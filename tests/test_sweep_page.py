@@ -121,3 +121,31 @@ def test_a_threshold_sweep_of_a_diffusion_decoder_measures_parallel_commits(demo
     assert agg["scorer"] == "tiny-shakespeare"
     ref = default_store().load_session(agg["greedy"]["session"])
     assert ref["runs"][0]["decoder"] == "llada" and ref["title"] == "sweep reference: llada, one token per step"
+
+
+def test_the_whole_sweep_downloads_as_one_offline_page(demo, db):
+    """The Sweep tab's export link serves every run of the shown sweep (reference first) as one
+    HTML page, and `playground sessions html --sweep` writes the same from a sweep's store."""
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from playground.cli import main
+    from playground.ui.page_routes import page_routes
+    from playground.ui.page_session import PageSessions
+
+    view = demo.sweep_view
+    assert "run a sweep first" in view.on_export(None)
+    agg, *_ = press(view, knob2="(none)", repeats=1, max_new=4)
+    link = view.on_export(agg)
+    token = link.split("playground_api/export/")[1].split('"')[0]
+    client = TestClient(Starlette(routes=page_routes(sessions=PageSessions(), exports=view.exports)))
+    r = client.get(f"/playground_api/export/{token}")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    assert page.count('<article class="pg-session"') == 3  # the greedy reference and two cells
+    assert "Sweep of top_p over temperature (3 runs)" in page
+    assert 'attachment; filename="sweep-top_p.html"' in r.headers["content-disposition"]
+    out = db.parent / "sweep.html"
+    assert main(["sessions", "--db", str(db), "html", "--sweep", "-o", str(out)]) == 0
+    assert out.read_text(encoding="utf-8").count('<article class="pg-session"') == 3
+    assert main(["sessions", "--db", str(db), "html", "--sweep", "--study", "-o", str(out)]) == 2

@@ -73,7 +73,7 @@ def build_app() -> gr.Blocks:
                 sandbox = SandboxView(page)
                 sandbox.build()
             with gr.Tab("Sweep", id="sweep", elem_id="tab-sweep"):
-                sweep = SweepView(page)
+                sweep = SweepView(page, sessions.exports)
                 sweep.build()
             with gr.Tab("Results", id="results", elem_id="tab-results") as results_tab:
                 results = ResultsView(page)

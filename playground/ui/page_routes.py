@@ -22,7 +22,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from playground.core.errors import PlaygroundError
-from playground.html_export import session_html
+from playground.html_export import session_html, sessions_html
+from playground.sweep import SWEEP_LINK, sweep_sessions, sweep_title
 from playground.store import default_store
 from playground.ui.exports import ExportLinks, content_disposition, export_body
 from playground.ui.page_session import PageSessions
@@ -145,8 +146,14 @@ def feed_routes(sessions: PageSessions) -> tuple[Callable[[Any], Awaitable[Any]]
 
 
 def _export_bytes(sid: str, as_html: bool) -> bytes:
-    """Session ``sid`` as its JSON export, or as one self-contained HTML page."""
+    """Session ``sid`` as its JSON export, or as one self-contained HTML page; a ``sweep:<fingerprint>``
+    link (the Sweep tab's) is every session of that sweep in one page."""
     store = default_store()
+    if sid.startswith(SWEEP_LINK):
+        sessions = sweep_sessions(store, sid[len(SWEEP_LINK):])
+        if not sessions:
+            raise PlaygroundError("this sweep is no longer stored")
+        return sessions_html(sessions, sweep_title(sessions)).encode("utf-8")
     if as_html:
         return session_html(store.load_session(sid)).encode("utf-8")
     return export_body(store.export_session(sid))

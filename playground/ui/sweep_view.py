@@ -22,11 +22,13 @@ from playground.hosting import gpu, model_event_settings
 from playground.ownership import owner_id
 from playground.store import default_store
 from playground.study import DEFAULT_PROMPTS, read_prompts
-from playground.sweep import MAX_REPEATS, MAX_VALUES_TEXT, METRICS, SweepRequest, aggregate, parse_knob, run_sweep, \
-    sweep_sessions
+from playground.sweep import MAX_REPEATS, MAX_VALUES_TEXT, METRICS, SWEEP_LINK, SweepRequest, aggregate, parse_knob, \
+    run_sweep, sweep_sessions
 from playground.ui.compare import ComparePage
+from playground.ui.exports import ExportLinks
 from playground.ui.html import esc, one_line, status_html
 from playground.ui.layout import model_choices
+from playground.ui.sessions_view import EXPORT_ROUTE, safe_filename
 from visualizers._common import empty_figure
 from visualizers.sweep import sweep_figure
 
@@ -129,10 +131,12 @@ sweep_run = gpu(_sweep_impl)
 
 
 class SweepView:
-    """The tab's components and handlers; ``page`` gives the browser's owner key."""
+    """The tab's components and handlers; ``page`` gives the browser's owner key, ``exports``
+    the app's download links (the Sessions tab's), which serve the whole sweep as one page."""
 
-    def __init__(self, page: ComparePage) -> None:
+    def __init__(self, page: ComparePage, exports: ExportLinks | None = None) -> None:
         self.page = page
+        self.exports = exports if exports is not None else ExportLinks()
 
     def build(self) -> None:
         """Create the components (call inside the Sweep tab)."""
@@ -168,6 +172,9 @@ class SweepView:
             self.status = gr.HTML("", elem_id="sweep-status")
         self.plot = gr.Plot(elem_id="sweep-plot", show_label=False)
         self.grid = gr.HTML("", elem_id="sweep-grid")
+        with gr.Row(equal_height=True):
+            self.export_btn = gr.Button("Export the sweep as one HTML page", elem_id="sweep-export", scale=1)
+            self.export_file = gr.HTML("", elem_id="sweep-export-file")
         self.agg = gr.State(None)
 
     def wire(self, demo: gr.Blocks) -> None:
@@ -178,6 +185,18 @@ class SweepView:
                                          self.page.owner_key],
                            [self.agg, self.status, self.plot, self.grid], **model_event_settings())
         self.metric.change(self.on_metric, [self.agg, self.metric], [self.plot, self.grid], show_progress="hidden")
+        self.export_btn.click(self.on_export, [self.agg], [self.export_file], show_progress="hidden")
+
+    def on_export(self, agg: Any) -> str:
+        """A download link (ten minutes) for every run of the shown sweep as one offline HTML page:
+        the reference and each cell with its text, scrubber and plots."""
+        fp = agg.get("fingerprint") if isinstance(agg, dict) else None
+        if not isinstance(fp, str) or not fp:
+            return status_html("run a sweep first: the export holds the sweep shown here", "error")
+        name = f"sweep-{safe_filename(str(agg.get('decoder') or 'sweep'))[: -len('.json')]}.html"
+        token = self.exports.issue(SWEEP_LINK + fp, name)
+        return (f'<a class="pg-export-link" href="{EXPORT_ROUTE}/{token}" download="{esc(name)}">'
+                f'⇩ Download {esc(name)} (every cell, opens offline)</a>')
 
     def on_decoder(self, decoder: Any) -> list[Any]:
         """A decoder was picked: its sweepable knobs, and the draft box where it needs one."""
@@ -219,7 +238,7 @@ class SweepView:
                                       "(replay only); open a stored sweep's cells by their links")
             req = self.request(decoder, model, draft, knob1, values1, knob2, values2, prompt, seed, repeats, max_new)
             fp = sweep_run(req, owner_id(owner_key), progress)
-            agg = aggregate(sweep_sessions(default_store(), fp))
+            agg = {**aggregate(sweep_sessions(default_store(), fp)), "fingerprint": fp}
         except PlaygroundError as e:
             return [gr.skip(), status_html(one_line(str(e)), "error"), gr.skip(), gr.skip()]
         metric = metric if metric in METRIC_NAMES else "perplexity"
