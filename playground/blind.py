@@ -21,7 +21,6 @@ from playground.ballots import LETTERS, ballot_from_letters, letter, reader_orde
 from playground.core.errors import PlaygroundError
 from playground.ownership import owner_id
 from playground.store import Store, is_valid_session_id
-from playground.study import study_sessions
 from playground.votes import config_label, format_interval, results
 
 MAX_QUEUE = 200  # blind prompts of one study a reader is walked through
@@ -35,8 +34,8 @@ def is_blind(session: dict[str, Any]) -> bool:
 def readable(store: Store, sid: str, key: Any) -> bool:
     """Whether a caller holding owner key ``key`` may read session ``sid`` by id outside the vote
     page: any session that is not blind; a blind one only by its owner (so a share link cannot
-    be opened around the vote)."""
-    if not is_blind(store.load_session(sid)):
+    be opened around the vote). Reads the flag and the owner only, not the session's runs."""
+    if not store.setting_of(sid, "$.blind"):
         return True
     who = owner_id(key)
     return who is not None and store.session_owner(sid) == who
@@ -121,9 +120,12 @@ def study_queue(store: Store, key: Any) -> dict[str, Any]:
     reader voted on each: ``{"sessions": [{"session", "voted"}], "next"}`` (``next`` the first
     one not voted on, None when all are done)."""
     reader = _reader(key)
-    blind = [s for s in study_sessions(store) if is_blind(s)][:MAX_QUEUE]
+    # found by the store's flags, never by loading sessions: anyone may ask
+    keyed = [(store.setting_of(i, "$.study.index") or 0, str(store.setting_of(i, "$.study.key")), i)
+             for i in store.sessions_with_setting("$.blind", True) if store.setting_of(i, "$.study.key") is not None]
+    blind = [i for _index, _key, i in sorted(keyed)][:MAX_QUEUE]
     if not blind:
         raise PlaygroundError("no blind study here: mark one with `playground votes blind --study`")
-    rows = [{"session": s["id"], "voted": store.ballot_of(s["id"], reader) is not None} for s in blind]
+    rows = [{"session": i, "voted": store.ballot_of(i, reader) is not None} for i in blind]
     nxt = next((r["session"] for r in rows if not r["voted"]), None)
     return {"sessions": rows, "next": nxt}

@@ -162,6 +162,12 @@ def default_path() -> str:
     return str(Path.cwd() / "playground.db")
 
 
+def _check_setting_path(path: Any) -> None:
+    """A JSON path into settings of plain keys (``$.sweep.fingerprint``); one line for anything else."""
+    if not isinstance(path, str) or not re.fullmatch(r"\$(\.[A-Za-z_][A-Za-z0-9_]*)+", path):
+        raise PlaygroundError(f"not a settings path: {path!r}")
+
+
 def is_valid_session_id(s: Any) -> bool:
     """Whether ``s`` has the exact form of a session id (32 url-safe characters, the first alphanumeric)."""
     return isinstance(s, str) and _ID_RE.fullmatch(s) is not None
@@ -650,12 +656,23 @@ class Store:
     def sessions_with_setting(self, path: str, value: Any) -> list[str]:
         """The ids of the sessions whose settings hold ``value`` at JSON path ``path`` (e.g.
         ``$.sweep.fingerprint``), oldest first."""
-        if not isinstance(path, str) or not re.fullmatch(r"\$(\.[A-Za-z_][A-Za-z0-9_]*)+", path):
-            raise PlaygroundError(f"not a settings path: {path!r}")
+        _check_setting_path(path)
         with self._lock:
             rows = self.conn.execute("SELECT id FROM sessions WHERE json_valid(settings) AND "
                                      "json_extract(settings, ?) = ? ORDER BY created, rowid", (path, value)).fetchall()
         return [r[0] for r in rows]
+
+    def setting_of(self, sid: str, path: str) -> Any:
+        """The value at JSON path ``path`` of a session's settings (None where absent), read
+        without loading its runs; a session that does not exist is one line."""
+        _check_id(sid)
+        _check_setting_path(path)
+        with self._lock:
+            row = self.conn.execute("SELECT CASE WHEN json_valid(settings) THEN json_extract(settings, ?) END "
+                                    "FROM sessions WHERE id = ?", (path, sid)).fetchone()
+        if row is None:
+            raise PlaygroundError(f"no session with id {sid}")
+        return row[0]
 
     def voted_sessions(self, reader: str) -> list[str]:
         """The ids of the sessions ``reader`` (an owner id) voted on, oldest vote first."""

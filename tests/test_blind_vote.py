@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import gradio as gr
 import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
@@ -116,7 +117,7 @@ def test_every_other_reading_path_refuses_a_blind_session_but_to_its_owner(demo,
     sid = blind_session(store)
     assert blind.readable(store, sid, KEY_OWNER) and not blind.readable(store, sid, KEY_READER)
     assert not blind.readable(store, sid, None)
-    with pytest.raises(gr_error()) as e:
+    with pytest.raises(gr.Error) as e:
         api_session(sid)
     assert "blind vote" in str(e.value)
     page = demo.compare_page
@@ -137,12 +138,6 @@ def test_every_other_reading_path_refuses_a_blind_session_but_to_its_owner(demo,
     assert "blind vote" in str(status)
     with pytest.raises(PlaygroundError):
         blind.check_readable(store, sid, KEY_READER)
-
-
-def gr_error():
-    import gradio as gr
-
-    return gr.Error
 
 
 def test_share_with_blind_ticked_marks_the_session_and_gives_the_vote_link(demo, store, monkeypatch):

@@ -95,6 +95,15 @@ def mixture_target(rule: str, alpha: float, p: torch.Tensor, q: torch.Tensor,
     return (p if d else q), {"deferred": d, **x}
 
 
+def add_unreached(nodes: list[dict[str, Any]], toks: list[int], qs: Any) -> None:
+    """Append the drafted tokens verification never reached (after a rejection) as nodes of
+    the draft tree, so the tree shows every drafted token."""
+    for i in range(len(nodes), len(toks)):
+        nodes.append({"id": i, "parent": i - 1 if i else None, "token": toks[i],
+                      "q": round(float(qs[i][toks[i]]), 6), "p": None, "accept_prob": None,
+                      "accepted": False, "source": "draft-model"})
+
+
 @register
 class SpecCascade(Decoder):
     """Speculative cascades (Narasimhan et al. 2024): draft-verify with a deferral rule.
@@ -207,10 +216,7 @@ class SpecCascade(Decoder):
                 if x in ctx.stop_ids:
                     break
             # every drafted token is a node of the tree (and counts as drafted), reached or not
-            for i in range(len(nodes), len(toks)):
-                nodes.append({"id": i, "parent": i - 1 if i else None, "token": toks[i],
-                              "q": round(float(qs[i][toks[i]]), 6), "p": None, "accept_prob": None,
-                              "accepted": False, "source": "draft-model"})
+            add_unreached(nodes, toks, qs)
             if correction is None and not (new and new[-1] in ctx.stop_ids):
                 correction, kind = argmax(rows[base + len(toks)]), "bonus"
             drafted += len(toks)
@@ -315,10 +321,7 @@ class SpecCascade(Decoder):
                 small_tokens += int(not ev["deferred"])
                 if x in ctx.stop_ids:
                     break
-            for i in range(len(nodes), len(toks)):  # drafted but never reached: still nodes of the tree
-                nodes.append({"id": i, "parent": i - 1 if i else None, "token": toks[i],
-                              "q": round(float(qs[i][toks[i]]), 6), "p": None, "accept_prob": None,
-                              "accepted": False, "source": "draft-model"})
+            add_unreached(nodes, toks, qs)
             drafted += len(toks)
             accepted += len(path)
             verifications += 1
