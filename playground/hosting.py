@@ -102,7 +102,10 @@ def launch_settings() -> dict[str, Any]:
 
     Uploads are capped at the import size limit; on a Space the server listens on all
     interfaces (Spaces route to it), locally on 127.0.0.1 unless ``GRADIO_SERVER_NAME`` says
-    otherwise. The port is ``$PORT``/``$GRADIO_SERVER_PORT``, else 7860.
+    otherwise. The port is ``$PORT``/``$GRADIO_SERVER_PORT``, else 7860. Server-side rendering
+    is off everywhere (Gradio turns it on for Spaces): it puts a Node server in front that
+    renders the page itself, so the share link's quick read (``playground/ui/quick_read.py``),
+    which rides in the HTML Python serves, would not reach the reader.
     """
     default_host = "0.0.0.0" if on_space() else "127.0.0.1"
     port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or "7860"
@@ -111,4 +114,4 @@ def launch_settings() -> dict[str, Any]:
     except ValueError:
         raise PlaygroundError(f"the server port {port!r} is not a number") from None
     return {"server_name": os.environ.get("GRADIO_SERVER_NAME", default_host),
-            "server_port": port_n, "max_file_size": limits().max_import_bytes}
+            "server_port": port_n, "max_file_size": limits().max_import_bytes, "ssr_mode": False}

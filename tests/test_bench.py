@@ -98,7 +98,8 @@ def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
     streams = {2: [{"lanes": {1: lane, 2: lane}}], 6: [{"lanes": {k: (slow if k == 4 else lane) for k in range(1, 7)}}]}
     text = ui._section(argparse.Namespace(quick=True), {"title": "Speculative showdown: x", "lanes": [{}] * 5,
                                                         "max_new_tokens": 64},
-                       pairs, streams, [{"s": 0.3, "took": True}, {"s": 30.0, "took": False}], [{"s": 0.8, "plots": 11, "drawn": 11, "complete": True}],
+                       pairs, streams, [{"s": 0.3, "took": True}, {"s": 30.0, "took": False}], [{"s": 0.8, "plots": 11, "drawn": 11, "complete": True,
+                                                                                          "readable_s": 0.9, "quick": True}],
                        [1.5, 2.5], 128, 2, 60.0, "Machine: test.", cold={"done_s": 6.0},
                        back={"first_s": 2.5, "lanes": {1: {"rate": 3.0}, 2: {"rate": 4.0}}}, plain_loads=[2.0, 3.0])
     assert "**2.25 (1.50–3.00)**" in text  # the median of the paired ratios, with their range
@@ -109,6 +110,7 @@ def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
     assert "| 6.00 (6.0×) |" in text  # the first run after start-up against the CLI's median (1.0 s)
     assert "slowest lane 3.0 updates/s, first token after 2.50 s" in text  # pressed right after Done
     assert "navigation start → ready (s) | 2.50 (2.00–3.00) |" in text  # the page without a session
+    assert "in the first HTML in 1 of 1) | 0.90 | ≤ 1.5 (issue 35) | met |" in text  # the share link's quick read
     assert "| 0.30 | ≤ 0.5 | met |" in text and "| 1 of 2 | every one | missed |" in text
 
 

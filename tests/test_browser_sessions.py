@@ -70,3 +70,35 @@ def test_a_shared_branch_opens_beside_its_parent_with_the_divergence_marked(brow
         assert table.index("branch check") < table.index("↳ ") < table.index("branch of “branch check”, lane 2, step 4")
     finally:
         ctx.close()
+
+
+def test_a_share_link_is_readable_before_the_app_has_loaded_and_gives_way_to_it(browser, replay_app):
+    """The first HTML holds the reading (playground/ui/quick_read.py): with the app's scripts
+    held back it is all a reader sees, every lane's tokens as the replayed page shows them; with
+    them, the replay takes its place and the reading is gone."""
+    app, b = replay_app["app"], replay_app["branch"]
+    url = f"{app.url}/?session={b['id']}"
+    ctx = browser.new_context(viewport=VIEW)
+    try:
+        r = ctx.new_page()
+        r.set_default_timeout(60_000)
+        open_page(r, url)
+        r.wait_for_function("() => document.querySelector('#status').innerText.includes('Replaying')")
+        r.wait_for_function("() => !document.querySelector('#pg-quick-read')")
+        shown = [r.locator(f"#lane-{k}-output .tok").evaluate_all("es => es.map(e => e.textContent)") for k in (1, 2)]
+        assert all(shown)
+
+        q = ctx.new_page()
+        q.route("**/*.js", lambda route: route.abort())  # Gradio's frontend never starts
+        q.goto(url)
+        box = q.locator("#pg-quick-read")
+        assert box.is_visible()
+        for k in (0, 1):
+            lane = box.locator(f'section.qr-lane[data-lane="{k}"]')
+            assert lane.locator(".tok").evaluate_all("es => es.map(e => e.textContent)") == shown[k]
+            assert b["runs"][k]["decoder"] in lane.locator("h2").inner_text()
+        assert "branch check" in box.locator("h1").inner_text()
+        q.click("#pg-quick-read button")  # the reader may put it away
+        assert q.locator("#pg-quick-read").count() == 0
+    finally:
+        ctx.close()

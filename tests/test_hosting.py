@@ -212,7 +212,8 @@ def test_launch_settings(monkeypatch) -> None:
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
     monkeypatch.delenv("PORT", raising=False)
     monkeypatch.setenv("PLAYGROUND_MAX_IMPORT_BYTES", "1234")
-    assert hosting.launch_settings() == {"server_name": "127.0.0.1", "server_port": 7860, "max_file_size": 1234}
+    assert hosting.launch_settings() == {"server_name": "127.0.0.1", "server_port": 7860, "max_file_size": 1234,
+                                        "ssr_mode": False}
     monkeypatch.setenv("SPACE_ID", "a/b")
     monkeypatch.setenv("PORT", "8080")
     assert hosting.launch_settings()["server_name"] == "0.0.0.0"

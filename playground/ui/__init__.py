@@ -21,6 +21,7 @@ from playground.ui.api_endpoints import ENDPOINTS
 from playground.ui.compare import ComparePage
 from playground.ui.exports import CACHE_CLEANUP
 from playground.ui.page_session import PageSessions, session_key
+from playground.ui.quick_read import QuickRead
 from playground.ui.request_guard import RequestGuard
 from playground.ui.results_view import ResultsView
 from playground.ui.sandbox_view import SandboxView
@@ -114,7 +115,8 @@ def launch(demo: gr.Blocks, **overrides: object) -> None:
 def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
     """What :func:`launch` gives Gradio's FastAPI app: the page's routes (serving the page
     registry and the Sessions tab's export links of ``demo``, and the blind comparisons' vote page)
-    and the request guard."""
+    and the request guard; then the share link's quick read (:mod:`playground.ui.quick_read`),
+    inside the guard."""
     view = getattr(demo, "sessions_view", None)
     # ``is None``, not ``or``: the page's registry is empty (falsy) until a page opens, and a
     # fresh registry here served no run — every live-feed poll was "unknown" and lane text
@@ -123,4 +125,4 @@ def app_kwargs(demo: gr.Blocks | None = None) -> dict[str, object]:
     if sessions is None:
         sessions = PageSessions()
     return {"routes": routes.page_routes(sessions=sessions, exports=getattr(view, "exports", None)) + vote_routes(),
-            "middleware": [Middleware(RequestGuard, public=ENDPOINTS)]}
+            "middleware": [Middleware(RequestGuard, public=ENDPOINTS), Middleware(QuickRead)]}
