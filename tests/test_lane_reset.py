@@ -192,3 +192,22 @@ def test_the_watermark_tab_asks_for_text_without_naming_a_cli_flag():
     with pytest.raises(PlaygroundError) as e:
         detect("tiny-shakespeare", "", "", 0.25, "lefthash", "15485863", 1)
     assert "--" not in str(e.value) and "paste the text" in str(e.value)
+
+
+def test_a_second_pick_of_the_decoder_the_knobs_are_set_for_changes_nothing(demo, page, ran):
+    """Chromium sent one decoder pick twice; the second re-rendered the knob controls under an
+    edit being typed, and the edit was lost. A pick of the decoder already set up is no change."""
+    traces = ran[page.traces]
+    ui = page.lanes[1]
+    up = page.config.on_lane_decoder(1, "beam", "tiny-llama", st.SAME_MODEL, None, traces, 3, None)
+    nonce = up[ui.nonce]
+    assert nonce["decoder"] == "beam" and ui.knobs in up
+    assert page.config.on_lane_decoder(1, "beam", "tiny-llama", st.SAME_MODEL, None, up[page.traces], 3, nonce) == {}
+    other = page.config.on_lane_decoder(1, "top_p", "tiny-llama", st.SAME_MODEL, None, up[page.traces], 3, nonce)
+    assert other[ui.nonce]["decoder"] == "top_p" and other[ui.nonce] != nonce  # a new decoder re-renders
+    assert other[ui.knobs] == st.default_knobs("top_p")
+    # a preset's nonce names its decoder too, so picking a lane's preset decoder again is no change
+    pre = page.config.config_updates({"model": "tiny-llama", "prompt": "x", "seed": 0, "max_new_tokens": 4,
+                                      "lanes": [st.LaneConfig("greedy"), st.LaneConfig("top_k")]})
+    assert pre[ui.nonce]["decoder"] == "top_k"
+    assert page.config.on_lane_decoder(1, "top_k", "tiny-llama", st.SAME_MODEL, None, traces, 2, pre[ui.nonce]) == {}

@@ -33,6 +33,12 @@ from playground.ui.page_js import page_js
 DEFAULT_PRESETS = ("speculative-showdown", "greedy-beam-sampling")  # what a first visit shows
 
 
+
+def knob_nonce(decoder: str, n: int | None = None) -> dict[str, Any]:
+    """A lane's knob-render nonce: a fresh number (a change re-renders the knob controls) and
+    the decoder those controls are for (a second pick of the same decoder is not a change)."""
+    return {"n": time.time_ns() if n is None else n, "decoder": decoder}
+
 class LaneHandlers:
     """Handlers that set up the lanes, over the page's components ``ui``; ``inspector`` draws
     an opened session's results."""
@@ -110,7 +116,7 @@ class LaneHandlers:
         for j, ui in enumerate(self.ui.lanes):
             setup_out = [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model]
             ui.decoder.input(partial(self.on_lane_decoder, j), [ui.decoder, self.ui.model, ui.model, ui.draft,
-                                                                 self.ui.traces, self.ui.lane_count],
+                                                                 self.ui.traces, self.ui.lane_count, ui.nonce],
                              setup_out + [self.ui.status] + self.ui.lane_reset_outputs(j), show_progress="hidden")
             # the lane's own model or draft: the same setup change
             for comp in (ui.model, ui.draft):
@@ -165,7 +171,8 @@ class LaneHandlers:
                     ui.decoder: gr.update(value=cfg.decoder) if spec else gr.update(value=None),
                     ui.model: cfg.model or st.SAME_MODEL,
                     ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
-                    ui.info: st.decoder_info_md(cfg.decoder, knobs), ui.knobs: knobs, ui.nonce: nonce + j,
+                    ui.info: st.decoder_info_md(cfg.decoder, knobs), ui.knobs: knobs,
+                    ui.nonce: knob_nonce(cfg.decoder, nonce + j),
                 })
             else:
                 up[ui.column] = gr.update(visible=False)
@@ -226,9 +233,16 @@ class LaneHandlers:
         return up
 
     def on_lane_decoder(self, j: int, decoder: str, page_model: str, lane_model: str, draft: str | None,
-                        traces: list[dict[str, Any]] | None, n: Any) -> dict[Any, Any]:
-        """Lane ``j``'s decoder was picked: its setup (:meth:`on_decoder`) and the lane cleared."""
+                        traces: list[dict[str, Any]] | None, n: Any, nonce: Any = None) -> dict[Any, Any]:
+        """Lane ``j``'s decoder was picked: its setup (:meth:`on_decoder`) and the lane cleared.
+
+        Picking the decoder the lane's knobs are already set up for changes nothing: Chromium was
+        seen to send one pick twice (0.2 s apart), and the second knob render replaced the
+        controls the first had drawn — an edit typed in between reached the server for an event
+        that no longer existed, and was lost."""
         ui = self.ui.lanes[j]
+        if isinstance(nonce, dict) and nonce.get("decoder") == decoder:
+            return {}
         setup = self.on_decoder(decoder, page_model, lane_model, draft)
         return {**dict(zip([ui.knobs, ui.nonce, ui.draft, ui.info, ui.model], setup)),
                 **self.lane_changed(j, decoder, traces, n, f"decoder {decoder}")}
@@ -310,7 +324,7 @@ class LaneHandlers:
         spec = (path or "").strip() or (model or "").strip()
         cfg = st.new_lane(spec, page_kind=st.loaded_kind(spec))
         ui = self.ui.lanes[n - 1]
-        up.update({ui.decoder: gr.update(value=cfg.decoder), ui.knobs: dict(cfg.params), ui.nonce: time.time_ns(),
+        up.update({ui.decoder: gr.update(value=cfg.decoder), ui.knobs: dict(cfg.params), ui.nonce: knob_nonce(cfg.decoder),
                    ui.info: st.decoder_info_md(cfg.decoder, cfg.params), ui.model: st.SAME_MODEL,
                    ui.draft: gr.update(value=cfg.draft or st.DEFAULT_DRAFT, visible=st.needs_draft(cfg.decoder)),
                    self.ui.status: status_html(f"Lane {n} added ({cfg.decoder})." + _limit_note(n, self.ui.max_lanes))})
@@ -339,7 +353,7 @@ class LaneHandlers:
         # A cleared draft box stays cleared (the Run refuses it); a fresh pick offers the bundled draft.
         draft_up = gr.update(visible=need, value=draft if draft not in (None, "") else st.DEFAULT_DRAFT) if need \
             else gr.update(visible=False)
-        return [knobs, time.time_ns(), draft_up, st.decoder_info_md(decoder, knobs), lm or st.SAME_MODEL]
+        return [knobs, knob_nonce(decoder), draft_up, st.decoder_info_md(decoder, knobs), lm or st.SAME_MODEL]
 
     def default_page(self) -> dict[Any, Any]:
         """The page as a first visit shows it: the first preset that runs here."""
