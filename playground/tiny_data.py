@@ -8,13 +8,12 @@ validation split, :mod:`playground.study_prompts` takes the bundled prompts from
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 
-CORPUS_DIR = Path(__file__).resolve().parent.parent / "assets" / "corpus"
+from playground.core.corpus import CORPUS_DIR, corpus_split
+
 NAMES = {
     "target": "tiny-shakespeare",
     "draft": "tiny-shakespeare-draft",
@@ -25,12 +24,7 @@ SMOKE_CORPUS_CHARS = 40_000  # per split, taken from the first works
 
 def load_corpus(corpus_dir: Path = CORPUS_DIR, smoke: bool = False) -> tuple[list[str], list[str]]:
     """Return (train_docs, val_docs): one string per work, following split.json."""
-    spec = json.loads((corpus_dir / "split.json").read_text())
-    with gzip.open(corpus_dir / spec["corpus"], "rb") as f:
-        text = f.read().decode("utf-8")
-    assert len(text) == spec["corpus_chars"], "corpus does not match split.json"
-    train = [text[w["start"]:w["val_start"]] for w in spec["works"]]
-    val = [text[w["val_start"]:w["end"]] for w in spec["works"]]
+    train, val = corpus_split(corpus_dir)
     if smoke:
         train, val = _head(train, SMOKE_CORPUS_CHARS), _head(val, SMOKE_CORPUS_CHARS // 4)
     return train, val

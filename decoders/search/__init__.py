@@ -39,6 +39,8 @@ output a fixed budget finds; `diverse_beam` when the beams all say the same thin
 search's answer from a priority queue (*Frontier and pops*), and with `recombine` a lattice
 that merges hypotheses ending alike (*Lattice*); `cntp` and `adadec` to spend
 search only where the model hesitates; `arithmetic` for diverse samples without duplicates;
+`superposed` for k drafts from one forward pass per step (a superposition of their last tokens'
+embeddings, k² candidates scored with n-gram statistics, *Candidate grid*);
 `best_of_n` and `mbr` to spend compute on choosing among samples (mbr picks the candidate that
 agrees most with the others).
 

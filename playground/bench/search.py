@@ -53,6 +53,7 @@ SEARCH: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("uid_beam k=4 λ=1", "uid_beam", {"num_beams": 4, "lam": 1.0}, None),
     ("diverse_beam 4/2", "diverse_beam", {"num_beams": 4, "num_beam_groups": 2}, None),
     ("arithmetic 8", "arithmetic", {"num_samples": 8}, None),
+    ("superposed k=4 (corpus 3-grams, α 0.5)", "superposed", {"num_drafts": 4}, None),
     ("best_of_n 8", "best_of_n", {"num_samples": 8}, None),
     ("metric_match 8, surprisal 3.5", "metric_match", {"num_samples": 8}, None),
     ("mbr 8 n-gram F1", "mbr", {"num_hypotheses": 8}, None),

@@ -69,7 +69,7 @@ class ModelHandle:
                 attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None,
                 hidden_states: bool = False, use_cache: bool | None = None,
-                num_layers: int | None = None) -> Forward:
+                num_layers: int | None = None, embeds: torch.Tensor | None = None) -> Forward:
         """Run the model on ``ids`` (1-D or (B, T)); return float32 logits and the cache.
 
         For a diffusion model whose logits are shifted by one position (Dream), the logits
@@ -78,10 +78,15 @@ class ModelHandle:
         model's own final norm and LM head (self-speculative drafts such as layer_skip); a
         cache passed along gets entries in those k layers only. A view counts such a call
         as a draft forward.
+        ``embeds`` (B, T, H) feeds input embeddings instead of ``ids`` (which is then ignored):
+        a superposition of token embeddings (``superposed``) is one position of the cache.
         Prefer calling this through a :class:`ModelView`, which counts the call.
         """
-        ids = as_batch(ids, self.device)
         kwargs: dict[str, Any] = {}
+        if embeds is not None:
+            kwargs["inputs_embeds"] = embeds.to(self.device, self.dtype)
+        else:
+            kwargs["input_ids"] = as_batch(ids, self.device)
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask.to(self.device)
         if position_ids is not None:
@@ -93,9 +98,10 @@ class ModelHandle:
             if cache is not None:
                 kwargs["cache"] = cache
         with self.lock, torch.inference_mode(), self._first_layers(num_layers):
-            out = self.model(input_ids=ids, **kwargs)
+            out = self.model(**kwargs)
             self.forwards += 1
-            self.tokens += int(ids.numel())
+            fed = embeds.shape[:2] if embeds is not None else kwargs["input_ids"].shape
+            self.tokens += int(fed[0] * fed[1])
         logits = out.logits.float()
         if self.logits_shifted:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
@@ -213,7 +219,10 @@ class ModelView:
         """Counted forward pass (see :meth:`ModelHandle.forward`); an early exit
         (``num_layers`` below the model's depth) counts in ``draft_forwards``/``draft_tokens``."""
         out = self.handle.forward(ids, cache=cache, **kw)
-        n = int(ids.numel()) if torch.is_tensor(ids) else token_count(ids)
+        if kw.get("embeds") is not None:
+            n = int(kw["embeds"].shape[0] * kw["embeds"].shape[1])
+        else:
+            n = int(ids.numel()) if torch.is_tensor(ids) else token_count(ids)
         k = kw.get("num_layers")
         if k is not None and k < self.handle.num_layers:
             self.draft_forwards += 1
