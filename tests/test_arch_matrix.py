@@ -197,7 +197,7 @@ def test_tree_mask_is_windowed_per_layer_type(models):
 
 # ---------------------------------------------------------------------- every other decoder
 # knobs a decoder cannot run without (a new decoder with such a knob gets its line here)
-REQUIRED_KNOBS = {"constrained_beam": {"force_words": "Romeo"}, "span_extract": {"passage": "But soft, what light through yonder window breaks"}}
+REQUIRED_KNOBS = {"deal": {"keywords": "love"}, "constrained_beam": {"force_words": "Romeo"}, "span_extract": {"passage": "But soft, what light through yonder window breaks"}}
 
 
 def _runs_or_refuses(target, draft, cls, arch):

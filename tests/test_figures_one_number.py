@@ -20,7 +20,7 @@ from visualizers.tree import acceptance_timeline, accepted_length_histogram
 FAMILIES = ("speculative", "collab", "guided")
 DECODERS = sorted(n for n, c in REGISTRY.items() if c.family in FAMILIES)
 PROMPT = "Romeo.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
-NEEDS = {"constrained_beam": {"force_words": "Romeo"}, "span_extract": {"passage": "It is the east, and Juliet is the sun."}}
+NEEDS = {"deal": {"keywords": "love"}, "constrained_beam": {"force_words": "Romeo"}, "span_extract": {"passage": "It is the east, and Juliet is the sun."}}
 # knobs that make the lane reject and replace drafted tokens on this prompt, so the counts of a
 # tree's never-reached nodes matter (the cascade's 36 of 39 vs 36 of 46)
 KNOBS = {"spec_cascade": {"gamma": 4, "rule": "opt", "alpha": 0.3}}

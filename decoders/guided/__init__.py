@@ -25,8 +25,9 @@ also takes the constraint knobs (`regex`, `json_schema`, `grammar`): see
 **Which one:** a constraint knob on any decoder for structured output (it masks token by token,
 which can distort the distribution); `smc` to sample from the model *conditioned* on a
 constraint or potential, reweighting particles instead of masking greedily;
-`constrained_beam` when the output must contain given words; `watermark` to mark text so that a
-detector with the key recognises it.
+`constrained_beam` when the output must contain given words; `deal` to steer a beam search by a
+reward (keywords, length, a regex) read on a short lookahead of each candidate; `watermark` to
+mark text so that a detector with the key recognises it.
 
 **Knobs that matter:** the constraint itself, `num_particles` and `ess_threshold` for SMC,
 `watermark_gamma` and `watermark_delta` (detectability vs quality).""",
