@@ -152,7 +152,7 @@ LABELS = {
 KIND_OF = {a: ("windowed" if a in WINDOWED else "recurrent" if a in RECURRENT else "full") for a in CAUSAL}
 EXACT_VS_GENERATE = ("greedy", "beam")
 # decoders outside the speculative family that keep a model in a rolling-back DraftState
-DRAFT_STATE = ("adadec", "cntp", "ead", "spec_cascade", "span_extract")  # each cuts a cache back (rollouts, span scoring)
+DRAFT_STATE = ("adadec", "cntp", "ead", "spec_cascade", "span_extract", "nest")  # each cuts a cache back (rollouts, span scoring)
 
 
 def expected(decoder: Any, kind: str) -> tuple[str, str]:

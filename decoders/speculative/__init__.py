@@ -27,7 +27,9 @@ and verifies all of it in one pass; `prompt_lookup`, `ngram_adaptive` and `token
 need no draft model (they copy from the prompt, an n-gram table or past candidates, so they
 shine on repetitive text); `layer_skip` drafts with the target's own first layers; `mask_probe`
 with mask-token probes; `jacobi` and `lookahead` iterate a window of guesses (greedy only); `bandit_spec` learns the
-draft length as it goes (UCB or EXP3); `spec_contrastive` is `contrastive` at speculative speed
+draft length as it goes (UCB or EXP3); `nest` drafts spans retrieved from a passage datastore
+(a kNN-LM mixture, relaxed acceptance, each copied token attributed to its source);
+`spec_contrastive` is `contrastive` at speculative speed
 (it verifies against the contrast, so it is exact for `contrastive`, not for the target).
 
 **Knobs that matter:** `gamma` (tokens drafted per step: too few wastes the verification, too
