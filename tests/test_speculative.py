@@ -88,7 +88,7 @@ def test_family_registered():
         cls = get_decoder(name)
         assert cls.family == "speculative" and cls.kind == "causal" and cls.lossless
         assert cls.reference and cls.description
-        assert cls.needs_draft == (name in ("speculative", "spec_tree", "bandit_spec"))
+        assert cls.needs_draft == (name in ("speculative", "spec_tree", "bandit_spec", "ouroboros"))
         for knob, spec in cls.params.items():
             assert spec.help, f"{name}.{knob} has no help"
     assert get_decoder("speculative")().is_lossy({"accept": "top_m"})

@@ -60,6 +60,8 @@ CASES = {
     "token_recycling": Case("bundled", REPEATING, {"depth": 3}, top_k=3),
     # the bundled masked-diffusion LM drafts for the bundled causal target (issue 14)
     "diffuspec": Case("diffusion", "ROMEO: But soft, what light", {"gamma": 2, "draft_steps": 1}, top_k=3),
+    # the draft model's part and the pool's prompt phrases (its own test, test_ouroboros.py, has the pool's)
+    "ouroboros": Case("varied", VARIED_PROMPT, {"gamma": 2, "key_len": 1}),
 }
 SAMPLING_LOSSLESS = sorted(c.name for c in all_decoders()
                            if c.lossless and c.kind == "causal" and "temperature" in c.params)
