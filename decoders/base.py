@@ -249,6 +249,8 @@ class Context:
     cancel: threading.Event = field(default_factory=threading.Event)
     # forced tokens {position: token_id} that token_loop commits instead of its pick (playground/force.py)
     force: dict[int, int] = field(default_factory=dict)
+    # a reader's commits at one step of a diffusion run (decoders.diffusion.hand.Hand), or None
+    hand: Any = None
     # watched token ids (the run's ``watch`` list, resolved): token steps record their probabilities
     watch: tuple[int, ...] = ()
 

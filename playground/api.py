@@ -33,7 +33,7 @@ MAX_JSON_CHARS = 100_000  # knobs or lanes as JSON text: a few hundred character
 def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, seed: int = 0,
              draft: str | None = None, stop: list[str] | None = None, chat: bool = False,
              force: Any = None, system_prompt: str | None = None, trust_remote_code: bool = False,
-             watch: Any = None, **params: Any) -> dict[str, Any]:
+             watch: Any = None, hand: Any = None, **params: Any) -> dict[str, Any]:
     """Run one decoder and return its trace as a JSON-ready dict (the CLI's ``--json``).
 
     Models are loaded once and cached in the process. Knobs go in ``params`` by name, e.g.
@@ -44,13 +44,15 @@ def generate(model: str, decoder: str, prompt: str, max_new_tokens: int = 64, se
     :func:`remote_code_allowed`. ``watch=["Romeo", "#42"]``: every token step records these
     tokens' probabilities (see ``playground/watch.py``). A diffusion decoder's ``fixed`` knob
     (infilling) may be given as ``{position: text}`` (``decoders/diffusion/fixed.py``).
-    Bad input raises :class:`playground.PlaygroundError` with a one-line message.
+    ``hand={"step": 3, "commit": [[5, 1234]]}`` makes a diffusion run commit token 1234 at
+    position 5 at its step 3 and go on with its own rule (a canvas branch;
+    ``decoders/diffusion/hand.py``). Bad input raises :class:`playground.PlaygroundError` with a one-line message.
     """
     if isinstance(params.get("fixed"), dict):  # knobs are JSON-shaped: the dict becomes its text form
         params["fixed"] = fixed_text(parse_fixed(params["fixed"]))
     run = prepare(model=model, decoder=decoder, prompt=prompt, max_new_tokens=max_new_tokens,
                   seed=seed, draft=draft, params=params, stop=stop, chat=chat, force=force,
-                  system_prompt=system_prompt, trust_remote_code=trust_remote_code, watch=watch)
+                  system_prompt=system_prompt, trust_remote_code=trust_remote_code, watch=watch, hand=hand)
     return run.finish().to_dict()
 
 

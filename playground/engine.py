@@ -14,6 +14,7 @@ from typing import Any
 from decoders.token_text import view_token
 from decoders.base import Context, Decoder, get_decoder
 from decoders.constraint import grammar_complete
+from decoders.diffusion.hand import hand_ok, parse_hand
 from playground.core.errors import Cancelled, PlaygroundError
 from playground.core.models import ModelHandle, load_model, token_pieces
 from playground.core.models.chat import check_chat
@@ -226,7 +227,7 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
             stop: list[str] | None = None, chat: bool = False, top_k_evidence: int = 20,
             cancel: threading.Event | None = None, load_kwargs: dict[str, Any] | None = None,
             force: Any = None, system_prompt: str | None = None, trust_remote_code: bool = False,
-            watch: Any = None) -> Run:
+            watch: Any = None, hand: Any = None) -> Run:
     """Validate a request and build a :class:`Run` (models loaded or taken from the LRU).
 
     ``chat`` encodes the prompt as a user turn in the target model's chat template (after a
@@ -239,13 +240,18 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
 
     ``force``: ``[[position, token_id], ...]`` tokens the run must emit (a branch; see
     ``playground/force.py``). ``watch``: words or token ids whose probability every token step
-    records (``playground/watch.py``); the resolved list is the trace's ``watch``."""
+    records (``playground/watch.py``); the resolved list is the trace's ``watch``. ``hand``:
+    ``{"step": S, "commit": [[position, token_id], ...]}``, a reader's commits at step S of a
+    diffusion run (a canvas branch; ``decoders/diffusion/hand.py``), kept as the trace's ``hand``."""
     _check_request_types(model, decoder, prompt, seed, draft, params, stop, system_prompt)
     check_prompt_text(prompt, system_prompt)
     seed = inputs.seed(seed)
     cls = get_decoder(decoder)
     forced = forcing.parse_force(force)
     force_mode = forcing.force_mode(cls) if forced else ""
+    hand_at = parse_hand(hand)
+    if hand_at is not None:
+        hand_ok(cls)
     knobs = cls.params.validate(decoder, params or {})
     lim = limits()
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
@@ -287,7 +293,7 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
     ctx = Context(target=target_view, draft=draft_view, prompt_ids=prompt_ids,
                   max_new_tokens=max_new_tokens, params=knobs, seed=int(seed),
                   stop_ids=stop_ids, stop_strings=list(stop or []), top_k_evidence=top_k_evidence,
-                  cancel=cancel, watch=tuple(e["token"] for e in watched))
+                  cancel=cancel, watch=tuple(e["token"] for e in watched), hand=hand_at)
     inst = cls()
     trace = Trace(model=handle.name, decoder=decoder, params=knobs, seed=int(seed), prompt=prompt,
                   prompt_ids=prompt_ids)
@@ -301,6 +307,8 @@ def prepare(model: str | ModelHandle, decoder: str, prompt: str, max_new_tokens:
             trace.extra["system_prompt"] = system_prompt
     if inst.is_lossy(knobs):
         trace.extra["lossy"] = True
+    if hand_at is not None:
+        trace.extra["hand"] = hand_at.as_dict()
     return forcing.attach(Run(inst, ctx, trace), forced, force_mode)
 
 

@@ -3,7 +3,8 @@ and delete stored sessions.
 
 Branches (sessions continued from a forced token of another) are listed with where they left
 their parent; ``tree ID`` draws the branch tree a session belongs to; ``branch ID --lane N
---step S --token T`` runs a new branch (``playground/branching.py``).
+--step S --token T`` runs a new branch (``playground/branching.py``); a diffusion lane is branched at
+its canvas with ``--step S --commit POS[:TOKEN],...`` (a hand on the canvas).
 
 The database is ``--db PATH``, else the store's default (``$PLAYGROUND_DB``,
 ``/data/playground.db``, ``./playground.db``). Read-only commands never create a database.
@@ -82,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     at = br.add_mutually_exclusive_group(required=True)
     at.add_argument("--step", type=int, help="the step whose token to replace")
     at.add_argument("--position", type=int, help="the output position (from 0) whose token to replace")
-    br.add_argument("--token", type=int, required=True, help="the replacement token id")
+    br.add_argument("--token", type=int, help="the replacement token id")
+    br.add_argument("--commit", metavar="POS[:TOKEN],...",
+                    help="a diffusion lane: the masked positions to commit at --step, each with the model's top-1 "
+                         "there or the token id given")
     br.add_argument("--all", action="store_true", help="continue every lane from the edited prefix")
     br.add_argument("--json", action="store_true", help='print {"id": ...}')
     for p in (ls, sh, ex, hx, nt, im, rn, rm, tr, br):
@@ -154,6 +158,9 @@ def _list(store: Any, args: argparse.Namespace) -> int:
 def _where(branch: dict[str, Any]) -> str:
     """Where a branch left its parent, lanes numbered from 1 as on the page."""
     lanes = "every lane" if branch.get("lanes") == "all" else f"lane {branch['lane'] + 1}"
+    if branch.get("hand"):
+        commits = ", ".join(f"{p}←{t}" for p, t in branch["hand"])
+        return f"canvas branch at {lanes} step {branch['step']}: the reader committed {commits}"
     text = f" {branch['text']!r}" if branch.get("text") else ""
     return f"branch at {lanes} step {branch['step']}: token {branch['token']}{text} at position {branch['position']}"
 
@@ -178,14 +185,33 @@ def _tree(store: Any, args: argparse.Namespace) -> int:
 
 
 def _branch(store: Any, args: argparse.Namespace) -> int:
-    from playground.branching import branch_session
+    from playground.branching import branch_canvas, branch_session
 
     if store is None:
         raise _missing(args.id)
+    if args.commit is not None:
+        if args.step is None or args.token is not None or args.all:
+            raise PlaygroundError("--commit branches one diffusion lane at --step (no --position, --token or --all)")
+        sid = branch_canvas(store, args.id, lane=args.lane - 1, step=args.step, commit=_commits(args.commit))
+        print(json.dumps({"id": sid}) if args.json else sid)
+        return 0
+    if args.token is None:
+        raise PlaygroundError("a branch needs --token (or --commit for a diffusion lane)")
     sid = branch_session(store, args.id, lane=args.lane - 1, token=args.token, step=args.step,
                          position=args.position, lanes="all" if args.all else "one")
     print(json.dumps({"id": sid}) if args.json else sid)
     return 0
+
+
+def _commits(text: str) -> list[Any]:
+    """``"3,5:1234"`` as ``[3, [5, 1234]]`` (a position alone takes the model's top-1)."""
+    out: list[Any] = []
+    for part in (x.strip() for x in text.split(",")):
+        pos, _, tok = part.partition(":")
+        if not pos.strip().isdigit() or (tok and not tok.strip().isdigit()):
+            raise PlaygroundError(f"--commit takes POS or POS:TOKEN_ID, comma-separated; got {part!r}")
+        out.append([int(pos), int(tok)] if tok else int(pos))
+    return out
 
 
 def _load(store: Any, sid: str) -> dict[str, Any]:

@@ -18,7 +18,9 @@ Design choices, and why:
 * Branches: a session may be a *branch* of another (``parent_id``) — a lane continued from an
   edited prefix — with ``branch`` = ``{"lane", "step", "position", "token"}`` (the lane and
   step of the parent where a token was forced, the output position and the forced token id;
-  optional ``"text"`` and ``"lanes"``: ``"one"`` or ``"all"``). The tree survives export and
+  optional ``"text"`` and ``"lanes"``: ``"one"`` or ``"all"``; a branch of a diffusion lane's
+  canvas also has ``"hand"``, the ``[position, token_id]`` pairs a reader committed at the step,
+  with ``position``/``token`` its first). The tree survives export and
   import (an export carries its branches; an import rebuilds them under new ids) and needs no
   model to replay. Deleting a parent keeps its branches (their ``parent_id`` becomes NULL,
   their ``branch`` stays).
@@ -263,7 +265,7 @@ def _check_branch(branch: Any, lanes: int | None = None) -> dict[str, Any]:
     ``text`` and ``lanes`` (``one``/``all``); ``lane`` below the parent's lane count."""
     if not isinstance(branch, dict):
         raise PlaygroundError("a branch must be a JSON object with lane, step, position and token")
-    unknown = sorted(set(branch) - set(BRANCH_FIELDS) - {"text", "lanes"})
+    unknown = sorted(set(branch) - set(BRANCH_FIELDS) - {"text", "lanes", "hand"})
     if unknown:
         raise PlaygroundError(f"a branch has unknown field(s) {', '.join(map(repr, unknown))}")
     for k in BRANCH_FIELDS:
@@ -276,6 +278,11 @@ def _check_branch(branch: Any, lanes: int | None = None) -> dict[str, Any]:
         raise PlaygroundError("a branch's text must be text")
     if branch.get("lanes", "one") not in ("one", "all"):
         raise PlaygroundError("a branch's lanes must be 'one' or 'all'")
+    hand = branch.get("hand", [[0, 0]])
+    if (not isinstance(hand, list) or not hand or len(hand) > 4096
+            or not all(isinstance(q, list) and len(q) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                   and v >= 0 for v in q) for q in hand)):
+        raise PlaygroundError("a branch's hand must be a list of [position, token_id] pairs")
     return dict(branch)
 
 

@@ -22,6 +22,7 @@ from decoders.base import Context
 from decoders.diffusion._canvas import Layout, finish, gen_logits, make_layout, new_canvas, r5
 from decoders.diffusion._sampler import Proposal, Recipe, denoise_step, propose, top_k_positions
 from decoders.diffusion.fixed import place_fixed
+from decoders.diffusion.hand import apply_hand, check_hand, mark_hand, parse_hand, top_choices, unused
 from playground.core.trace import Step
 
 
@@ -63,6 +64,11 @@ def run_rule(ctx: Context, rc: Recipe, rule: Rule, decoder: Any) -> Iterator[Ste
     p0, g = lay.prompt_len, lay.gen_length
     x = new_canvas(ctx, lay)
     fixed = place_fixed(ctx, rc.fixed, g, p0, x)
+    # a reader's commits at one step replace the rule's pick there (the rule still selects, so its
+    # state moves as it would have); decoders.diffusion.hand
+    hand = parse_hand(ctx.hand)
+    if hand is not None:
+        check_hand(hand, g, int(ctx.target.vocab_size))
     commit_step = [-1] * g
     per_step: list[int] = []
     rule.start(ctx, lay)
@@ -79,13 +85,20 @@ def run_rule(ctx: Context, rc: Recipe, rule: Rule, decoder: Any) -> Iterator[Ste
             extra = {**extra, "fixed": fixed}
         if chosen.numel() == 0:
             raise RuntimeError(f"{type(rule).__name__} committed nothing at step {step}")
+        extra = {**extra, **top_choices(logits, pos, g)}
+        hand_ev: dict[str, Any] = {}
+        if hand is not None:
+            prop, chosen, hand_ev = apply_hand(hand, step, prop, chosen)
         st = denoise_step(lay, x, prop, chosen, (s0, s1), **extra)
+        if hand_ev:
+            mark_hand(st, hand_ev)
         for p in st.evidence["unmasked"]:
             commit_step[p] = step
         per_step.append(len(st.committed))
         decoder.output_override = x[p0:].tolist()
         yield st
         step += 1
+    unused(hand, step)
     finish(decoder, ctx, lay, x[p0:].tolist(), commit_step, per_step, **rule.stats())
 
 

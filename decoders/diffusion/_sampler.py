@@ -19,7 +19,9 @@ some of them. Four choices are pluggable (a :class:`Recipe` holds them):
   (Fast-dLLM, A043: every position scoring above the threshold, and at least the best one);
   on top of these an early **exit** (SchED A214, Prophet A268) commits everything at once.
 * **blocks** -- semi-autoregressive blocks of ``block_length``; positions after the current
-  block are never committed early (except by an early exit, which commits all).
+  block are never committed early (except by an early exit, which commits all); optionally
+  with Fast-dLLM's prefix or dual KV cache (``cache``, approximate: see
+  ``decoders.diffusion.block_cache``), refreshed at each block's first step.
 
 Randomness comes from the run's common random numbers, keyed by the step index and the
 generated position (``ctx.uniforms``), so a run is deterministic per seed and two decoders
@@ -38,7 +40,9 @@ import torch
 from decoders.base import Context
 from decoders.diffusion._canvas import (Layout, finish, gen_logits, make_layout, new_canvas,
                                         per_position, r5, stop_set)
+from decoders.diffusion.block_cache import CACHE_MODES, make_cache
 from decoders.diffusion.fixed import place_fixed
+from decoders.diffusion.hand import apply_hand, check_hand, mark_hand, parse_hand, replan, top_choices, unused
 from playground.core.errors import PlaygroundError
 from playground.core.trace import Step
 
@@ -88,12 +92,15 @@ class Recipe:
     prophet_aggregate: str = "mean"
     # infilling: "pos:text; ..." written into the canvas before the first step (decoders.diffusion.fixed)
     fixed: str = ""
+    # Fast-dLLM's block KV cache, approximate: none | prefix | dual (decoders.diffusion.block_cache)
+    cache: str = "none"
 
     def check(self) -> None:
         """Reject unknown choices (a bug in a named decoder, or a bad generic knob)."""
         for name, val, allowed in (("score", self.score, SCORES), ("plan", self.plan, PLANS),
                                    ("exit", self.exit, EXITS), ("token", self.token, TOKEN_SAMPLERS),
-                                   ("sched_shape", self.sched_shape, SCHED_SHAPES)):
+                                   ("sched_shape", self.sched_shape, SCHED_SHAPES),
+                                   ("cache", self.cache, CACHE_MODES)):
             if val not in allowed:
                 raise PlaygroundError(f"{name} {val!r} is not one of: {', '.join(allowed)}")
         if self.exit != "none" and self.plan == "threshold":
@@ -415,7 +422,8 @@ def denoise_step(lay: Layout, x: torch.Tensor, prop: Proposal, chosen: torch.Ten
     ``predicted`` the token proposed at every position that was masked when the step began;
     ``confidence`` (probability of that token), ``entropy`` (nats), ``margin`` (top-1 minus
     top-2 probability) and ``score`` (what the plan ranked by) at those positions, null
-    elsewhere; ``block`` the current block as ``[start, end)``; plus the plan's evidence.
+    elsewhere; ``block`` the current block as ``[start, end)``; plus the plan's evidence
+    (and ``cache`` where a block KV cache is on: see :meth:`BlockCache.logits`).
     """
     p0, g = lay.prompt_len, lay.gen_length
     order = torch.argsort(prop.pos[chosen])
@@ -457,6 +465,10 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
     view, p0, g = ctx.target, lay.prompt_len, lay.gen_length
     x = new_canvas(ctx, lay)
     fixed = place_fixed(ctx, rc.fixed, g, p0, x)
+    hand = parse_hand(ctx.hand)  # a reader's commits at one step (decoders.diffusion.hand)
+    if hand is not None:
+        check_hand(hand, g, int(view.vocab_size))
+    cache = make_cache(view, rc.cache)
     commit_step = [-1] * g
     per_step: list[int] = []
     credit: Credit | None = None
@@ -473,16 +485,20 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
                     ascending_schedule(n_masked, min(spb, n_masked), rc.growth)
                     if rc.plan == "ascending" and n_masked else [])
         i = 0
+        spare = 0  # a hand at the block's last step that left masks adds one step
         while bool((x[p0 + s0:p0 + s1] == lay.mask_id).any()):
             ctx.check_cancel()
             pos = (x[p0:] == lay.mask_id).nonzero().squeeze(1)
-            logits = gen_logits(view, x, lay, rc.cfg_scale)[0]
+            extra: dict[str, Any] = {"fixed": fixed} if fixed else {}
+            if cache is None:
+                logits = gen_logits(view, x, lay, rc.cfg_scale)[0]
+            else:  # the cache is refreshed by the block's first forward
+                logits, extra["cache"] = cache.logits(x, lay, (s0, s1), i == 0, step, rc.cfg_scale)
             if credit is None and rc.credit_weight > 0:
                 credit = Credit(g, logits.shape[-1], rc.credit_weight, rc.credit_decay)
             progress = 1.0 - pos.numel() / g
             prop = propose(ctx, rc, logits, pos, step, progress, credit, prior)
             ex = early_exit(rc, prop, step / max(lay.total_steps, 1))
-            extra: dict[str, Any] = {"fixed": fixed} if fixed else {}
             if ex is not None:
                 extra["early_exit"] = ex
             if ex is not None and ex["exit"]:
@@ -496,7 +512,19 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
                 if rc.plan == "ascending":
                     extra["schedule"] = {"planned": schedule, "even": even_schedule(n_masked, spb),
                                          "index": i, "growth": r5(rc.growth)}
+            extra.update(top_choices(logits, pos, g))
+            hand_ev: dict[str, Any] = {}
+            if hand is not None:
+                prop, chosen, hand_ev = apply_hand(hand, step, prop, chosen)
             st = denoise_step(lay, x, prop, chosen, (s0, s1), **extra)
+            if hand_ev:
+                mark_hand(st, hand_ev)
+                exit_step = None  # the reader's commits replace an exit's commit-all
+                left = int((x[p0 + s0:p0 + s1] == lay.mask_id).sum())
+                spare = int(bool(left) and i >= spb - 1)
+                if rc.plan in ("even", "ascending"):
+                    schedule = replan(schedule, i, left, spb, even_schedule if rc.plan == "even" else
+                                      lambda n, k: ascending_schedule(n, k, rc.growth))
             for p in st.evidence["unmasked"]:
                 commit_step[p] = step
             per_step.append(len(st.committed))
@@ -506,10 +534,11 @@ def run_recipe(ctx: Context, rc: Recipe, decoder: Any) -> Iterator[Step]:
             i += 1
             if exit_step is not None:
                 break
-            if spb and i > spb:  # a fixed schedule always empties its block in spb steps
+            if spb and i > spb + spare:  # a fixed schedule always empties its block in spb steps
                 raise RuntimeError("diffusion schedule did not empty its block")
         if exit_step is not None:
             break
+    unused(hand, step)
     more: dict[str, Any] = {}
     if rc.exit != "none":
         more["early_exit_step"] = exit_step

@@ -13,7 +13,9 @@ from typing import Any, Iterator
 
 from decoders.base import Bool, Choice, Context, Decoder, Float, Int, Params, register
 from decoders.citation import Paper, arxiv
+from decoders.diffusion.block_cache import cache_param
 from decoders.diffusion.fixed import fixed_param
+from decoders.diffusion.hand import takes_hand
 from decoders.diffusion._sampler import SCHED_SHAPES, SCORES, Recipe, run_recipe
 from playground.core.trace import Step
 
@@ -74,6 +76,7 @@ class DiffusionDecoder(Decoder):
         """The sampler choices for these knob values."""
         raise NotImplementedError
 
+    @takes_hand
     def run(self, ctx: Context) -> Iterator[Step]:
         rc = self.recipe(ctx.params)
         rc.fixed = ctx.params.get("fixed", "")  # every named recipe takes the infilling knob
@@ -91,7 +94,8 @@ class LLaDA(DiffusionDecoder):
     ones, among the masked positions of the current block only. Ties go to the leftmost
     position (LLaDA's ``torch.topk`` leaves ties unspecified). The optional EOS penalty is
     EOS early rejection (A149), not part of LLaDA; LLaDA's own ``logits_eos_inf`` is the
-    penalty taken to infinity.
+    penalty taken to infinity. ``cache`` prefix/dual is Fast-dLLM's block KV cache applied
+    to LLaDA's schedule, as Fast-dLLM applies it: an approximation (it changes the logits).
     """
 
     name = "llada"
@@ -106,14 +110,14 @@ class LLaDA(DiffusionDecoder):
         remasking=Choice("low_confidence", ("low_confidence", "random"),
                          "which masked positions to commit: the most confident or random ones"),
         temperature=temperature(), cfg_scale=cfg_scale(), eos_penalty=eos_penalty(),
-        fixed=fixed_param(),
+        fixed=fixed_param(), cache=cache_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
         return Recipe(gen_length=p["gen_length"], steps=p["steps"], block_length=p["block_length"],
                       score="prob" if p["remasking"] == "low_confidence" else "random", plan="even",
                       token="gumbel", temperature=p["temperature"], cfg_scale=p["cfg_scale"],
-                      eos_penalty=p["eos_penalty"])
+                      eos_penalty=p["eos_penalty"], cache=p["cache"])
 
 
 @register
@@ -162,13 +166,17 @@ class Dream(DiffusionDecoder):
 
 @register
 class FastDLLM(DiffusionDecoder):
-    """Fast-dLLM's confidence-aware parallel decoding (threshold), without its KV cache.
+    """Fast-dLLM's confidence-aware parallel decoding (threshold), with its block KV cache as a knob.
 
     Inside each block, every step commits every masked position whose confidence (softmax
     probability of the proposed token) *exceeds* the threshold, and always at least the most
     confident one, so the number of steps adapts to the model's certainty. Strictly greater,
-    so ``threshold`` 1.0 commits exactly one position per step. The block-wise prefix/dual
-    KV cache of Fast-dLLM is a speed trick that does not change the output; it is left out.
+    so ``threshold`` 1.0 commits exactly one position per step. ``cache`` prefix/dual is
+    Fast-dLLM's block-wise KV cache (``decoders.diffusion.block_cache``): a full forward at
+    each block start keeps every layer's keys/values, and the block's other steps run only
+    the block and suffix (prefix) or the block (dual) against them. It is approximate:
+    the logits differ from the uncached ones, so the output may too (default none). Only
+    ModernBERT, BERT and RoBERTa models are supported; the paper runs it on LLaDA and Dream.
     """
 
     name = "fast_dllm"
@@ -179,12 +187,13 @@ class FastDLLM(DiffusionDecoder):
         gen_length=gen_length(), block_length=block_length(),
         threshold=Float(0.9, 0.0, 1.0, "commit positions whose confidence exceeds this; 1 = one per step"),
         temperature=temperature(), cfg_scale=cfg_scale(),
-        fixed=fixed_param(),
+        fixed=fixed_param(), cache=cache_param(),
     )
 
     def recipe(self, p: dict[str, Any]) -> Recipe:
         return Recipe(gen_length=p["gen_length"], block_length=p["block_length"], plan="threshold",
-                      threshold=p["threshold"], temperature=p["temperature"], cfg_scale=p["cfg_scale"])
+                      threshold=p["threshold"], temperature=p["temperature"], cfg_scale=p["cfg_scale"],
+                      cache=p["cache"])
 
 
 @register

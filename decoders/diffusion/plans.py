@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from decoders.base import Context, Float, Int, Params, Text, register
 from decoders.citation import Paper, arxiv
 from decoders.diffusion.fixed import fixed_param
+from decoders.diffusion.hand import takes_hand
 from decoders.diffusion._rules import ETE, R2, AdaBlock, LocalLeap, Rule, run_rule
 from decoders.diffusion._sampler import Recipe
 from decoders.diffusion.named import (ASS_PAPER, DiffusionDecoder, block_length, cfg_scale, eos_penalty, gen_length,
@@ -33,6 +34,7 @@ class RuleDecoder(DiffusionDecoder):
         """The rule for these knob values."""
         raise NotImplementedError
 
+    @takes_hand
     def run(self, ctx: Context) -> Iterator[Step]:
         p = ctx.params
         rc = Recipe(gen_length=p["gen_length"], block_length=p.get("block_length", 0), plan="threshold",
@@ -211,6 +213,7 @@ class AdaBlockDecoder(RuleDecoder):
         thr = p["delimiter_threshold"] if p["delimiter_threshold"] < 1.0 else float("inf")
         return AdaBlock(p["threshold"], p["block_length"], thr, p["window"], chars)
 
+    @takes_hand
     def run(self, ctx: Context) -> Iterator[Step]:
         p = ctx.params
         rc = Recipe(gen_length=p["gen_length"], plan="threshold", temperature=p["temperature"],

@@ -60,6 +60,9 @@ def configs(g: int, block: int) -> list[tuple[str, str, dict[str, Any]]]:
                     {**semi, "steps": g // 2, "alg": alg, "temperature": 0.0, "top_p": 1.0}))
     for thr in (0.9, 0.7, 0.5, 0.3, 0.1):  # the threshold sweep: parallel commits against agreement
         out.append((f"fast_dllm threshold={thr}", "fast_dllm", {**semi, "threshold": thr}))
+    for mode in ("prefix", "dual"):  # Fast-dLLM's block KV cache: fewer positions processed, approximate
+        out.append((f"fast_dllm threshold=0.9 cache={mode}", "fast_dllm", {**semi, "threshold": 0.9, "cache": mode}))
+        out.append((f"llada steps={g // 2} cache={mode}", "llada", {**semi, "steps": g // 2, "cache": mode}))
     out.append(("sched (cosine 0.9→0.3)", "sched", {**semi, "steps": g}))
     out.append(("prophet (7.5/5/2.5)", "prophet", {**semi, "steps": g}))
     out.append((f"pc_sampler steps={g // 2} (no blocks)", "pc_sampler", {**common, "steps": g // 2}))

@@ -7,6 +7,13 @@ the edited prefix as a branch of the stored session (:func:`~playground.branchin
 and opens it in the page: the parent's lane beside the branched one, the divergence strip and
 the forced-token plot marking where they part. A branch is an ordinary stored session (share
 link, Sessions view); *Open the parent* goes back up the tree.
+
+A diffusion lane is branched at its canvas instead (a hand on the canvas,
+:func:`~playground.branching.branch_canvas`): the scrubber's step is where the lane pauses (an
+earlier step rewinds it), the panel lists the positions still masked there with the model's top-1
+at each (``#branch-canvas-positions``), one position's token may be picked from its recorded
+top-K (``#branch-canvas-at``, ``#branch-canvas-token``), and *Continue* (``#branch-continue``)
+runs the lane on with the reader's commits at that step, opened beside the parent's lane.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from typing import Any, Callable
 import gradio as gr
 
 from playground import blind, engine
-from playground.branching import branch_session, resolve_token, step_position, token_choices
+from playground.branching import (branch_canvas, branch_session, canvas_choices, masked_at, resolve_token,
+                                  step_position, token_choices)
 from playground.core.errors import PlaygroundError
 from playground.core.settings import limits
 from playground.hosting import gpu, model_event_settings
@@ -91,6 +99,47 @@ def where_html(t: Target, traces: list[dict[str, Any]] | None) -> str:
             f'<code>{esc(repr(t.token))}</code>. Put another token in its place:</div>')
 
 
+def is_diffusion(traces: list[dict[str, Any]] | None, lane: int) -> bool:
+    """Whether lane ``lane`` of the shown traces is a diffusion lane (its steps are denoise steps)."""
+    traces = list(traces or [])
+    if not 0 <= lane < len(traces):
+        return False
+    steps = traces[lane].get("steps") or []
+    return bool(steps) and steps[0].get("kind") == "denoise"
+
+
+def canvas_offer(trace: dict[str, Any], step: int) -> list[tuple[str, int]]:
+    """The positions a reader may commit at a diffusion step, each with the model's top-1 there:
+    ``("position 3: 'the'  p=0.41", 3)``."""
+    out = []
+    for p in masked_at(trace, step):
+        top = canvas_choices(trace, step, p)
+        out.append((f"position {p}: {top[0][0]}" if top else f"position {p}", p))
+    return out
+
+
+def canvas_where_html(t: Target, traces: list[dict[str, Any]] | None, masked: int) -> str:
+    """The panel's line for a diffusion lane paused at a step."""
+    dec = list(traces or [])[t.lane].get("decoder") or "?"
+    return (f'<div class="branch-where branch-canvas-where" data-lane="{t.lane}" data-step="{t.step}">'
+            f'Lane {t.lane + 1} · {esc(dec)} paused at step {t.step}: {masked} positions still masked. '
+            'Choose which to commit at this step (each takes the model\'s top-1, or pick one\'s token), then '
+            'Continue; pick an earlier step to rewind.</div>')
+
+
+def hand_commit(positions: Any, at: Any, token: Any) -> dict[int, int | None]:
+    """The reader's commits from the canvas controls: every ticked position at the model's top-1
+    (None), and the position picked in the token list with its chosen token."""
+    commit: dict[int, int | None] = {int(p): None for p in (positions or [])}
+    if at not in (None, ""):
+        if token in (None, ""):
+            raise PlaygroundError(f"pick a token for position {at} from its top-K (or clear the position)")
+        commit[int(at)] = int(token)
+    if not commit:
+        raise PlaygroundError("choose at least one masked position to commit")
+    return commit
+
+
 def check_can_run() -> None:
     """Refuse on a replay-only instance: a branch runs the model."""
     if limits().no_models:
@@ -125,11 +174,26 @@ def run_branch(sid: str, lane: int, token: int, step: int, scope: str, owner_key
                                attach=attach)
 
 
+def run_canvas(sid: str, lane: int, step: int, commit: dict[int, int | None], owner_key: Any = None) -> str:
+    """Run a canvas branch (the reader's commits at ``step``) and store it, filed as
+    :func:`run_branch` files a token branch; its id."""
+    store = default_store()
+    blind.check_readable(store, sid, owner_key)
+    attach = one_user() or (owner_id(owner_key) is not None and store.session_owner(sid) == owner_id(owner_key))
+    return gpu(branch_canvas)(store, sid, lane, step, commit, restrict=True, owner=owner_id(owner_key),
+                              attach=attach)
+
+
 def branch_note(session: dict[str, Any]) -> str:
     """One line saying what an opened branch shows and where it parts from its parent."""
     b = session.get("branch") or {}
     shown = repr(b["text"]) if "text" in b else f"#{b.get('token')}"
     lane = int(b.get("lane", 0)) + 1
+    if b.get("hand"):
+        more = len(b["hand"]) - 1
+        return (f"Branch: lane 1 is the parent's lane {lane} as it ran, lane 2 the same lane with your commits at "
+                f"step {b.get('step')}: position {b.get('position')} ← {shown}"
+                + (f" and {more} more" if more else "") + " — then its own rule.")
     if b.get("lanes") == "all":
         return (f"Branch: every lane continued from lane {lane}'s prefix with {shown} forced at output position "
                 f"{b.get('position')} (step {b.get('step')}). Open the parent to compare with the original.")
@@ -160,6 +224,17 @@ class BranchPanel:
                                           elem_id="branch-token", scale=3, min_width=220)
                 self.typed = gr.Textbox(label="…or type text that is one token (or a token id)",
                                         elem_id="branch-text", max_lines=1, scale=2, min_width=180)
+            with gr.Column(visible=False, elem_id="branch-canvas") as canvas:
+                self.canvas = canvas
+                self.canvas_pos = gr.CheckboxGroup([], label="Commit at this step: the masked positions "
+                                                   "(each at the model's top-1)", elem_id="branch-canvas-positions")
+                with gr.Row(equal_height=True):
+                    self.canvas_at = gr.Dropdown([], value=None, label="…and pick the token of one position",
+                                                 elem_id="branch-canvas-at", scale=1, min_width=140)
+                    self.canvas_token = gr.Dropdown([], value=None, label="its top-K (model's p)",
+                                                    elem_id="branch-canvas-token", scale=3, min_width=220)
+                    self.canvas_run = gr.Button("Continue", variant="primary", elem_id="branch-continue",
+                                                scale=1, min_width=110)
             with gr.Row(equal_height=True):
                 self.scope = gr.Radio(SCOPE_CHOICES, value="one", label="Continue", elem_id="branch-scope",
                                       scale=3, min_width=260)
@@ -171,7 +246,8 @@ class BranchPanel:
 
     def pick_outputs(self) -> list[Any]:
         """What picking a lane and step rewrites."""
-        return [self.where, self.lane, self.choice, self.typed]
+        return [self.where, self.lane, self.choice, self.typed, self.scope, self.button, self.canvas,
+                self.canvas_pos, self.canvas_at, self.canvas_token]
 
     # ================================================================== events
     def wire(self, demo: gr.Blocks) -> None:
@@ -195,6 +271,14 @@ class BranchPanel:
                                    page.owner_key],
                   page.page_outputs() + [self.status, self.button], show_progress="hidden",
                   **model_event_settings())
+        self.canvas_at.input(self.on_canvas_at, [page.traces, self.lane, page.step, self.canvas_at],
+                             [self.canvas_token], show_progress="hidden")
+        self.canvas_run.click(self.on_continue_pressed, None, [self.status, self.canvas_run], queue=False,
+                              show_progress="hidden") \
+            .then(self.on_continue, [page.sid, page.traces, self.lane, page.step, self.canvas_pos, self.canvas_at,
+                                     self.canvas_token, page.owner_key],
+                  page.page_outputs() + [self.status, self.canvas_run], show_progress="hidden",
+                  **model_event_settings())
         self.parent_btn.click(self.on_parent, [self.parent], page.page_outputs() + [self.status],
                               show_progress="hidden")
 
@@ -202,10 +286,53 @@ class BranchPanel:
     def on_pick(self, traces: list[dict[str, Any]] | None, lane: Any, step: Any) -> dict[Any, Any]:
         """Show what branching lane ``lane`` at ``step`` would replace, and its top-K."""
         t = target(traces, lane, step)
+        up = {self.lane: gr.update(choices=lane_choices(traces, self.ui.max_lanes), value=t.lane)}
+        if is_diffusion(traces, t.lane):
+            offer = canvas_offer(list(traces or [])[t.lane], t.step)
+            return {**up, self.where: canvas_where_html(t, traces, len(offer)),
+                    self.choice: gr.update(visible=False, value=None), self.typed: gr.update(visible=False, value=""),
+                    self.scope: gr.update(visible=False), self.button: gr.update(visible=False),
+                    self.canvas: gr.update(visible=True), self.canvas_pos: gr.update(choices=offer, value=[]),
+                    self.canvas_at: gr.update(choices=offer, value=None),
+                    self.canvas_token: gr.update(choices=[], value=None)}
         choices = [] if t.problem else token_choices(list(traces or [])[t.lane], t.step)
-        return {self.where: where_html(t, traces),
-                self.lane: gr.update(choices=lane_choices(traces, self.ui.max_lanes), value=t.lane),
-                self.choice: gr.update(choices=choices, value=None), self.typed: ""}
+        return {**up, self.where: where_html(t, traces),
+                self.choice: gr.update(choices=choices, value=None, visible=True),
+                self.typed: gr.update(value="", visible=True), self.scope: gr.update(visible=True),
+                self.button: gr.update(visible=True), self.canvas: gr.update(visible=False),
+                self.canvas_pos: gr.update(choices=[], value=[]), self.canvas_at: gr.update(choices=[], value=None),
+                self.canvas_token: gr.update(choices=[], value=None)}
+
+    def on_canvas_at(self, traces: list[dict[str, Any]] | None, lane: Any, step: Any, at: Any) -> dict[Any, Any]:
+        """A position was picked for its token: offer its recorded top-K, the top-1 chosen."""
+        t = target(traces, lane, step)
+        if at in (None, "") or not is_diffusion(traces, t.lane):
+            return {self.canvas_token: gr.update(choices=[], value=None)}
+        choices = canvas_choices(list(traces or [])[t.lane], t.step, int(at))
+        return {self.canvas_token: gr.update(choices=choices, value=choices[0][1] if choices else None)}
+
+    def on_continue(self, sid: Any, traces: list[dict[str, Any]] | None, lane: Any, step: Any, positions: Any,
+                    at: Any, token: Any, owner_key: Any = None) -> dict[Any, Any]:
+        """Run the canvas branch, store it and open it in the page; a failure is one line."""
+        done = {self.canvas_run: gr.update(interactive=True)}
+        try:
+            check_can_run()
+            t = target(traces, lane, step)
+            if not is_diffusion(traces, t.lane):
+                raise PlaygroundError(t.problem or f"lane {t.lane + 1} is not a diffusion lane")
+            if not sid:
+                raise PlaygroundError("this comparison is not stored yet: run it (or open a session) first")
+            bid = run_canvas(str(sid), t.lane, t.step, hand_commit(positions, at, token), owner_key)
+        except PlaygroundError as e:
+            return {self.status: status_html(one_line(str(e)), "error"), **done}
+        except Exception as e:  # noqa: BLE001 - a bug is one line in the page; the log has the traceback
+            log.exception("canvas branch failed")
+            return {self.status: status_html(one_line(f"the branch failed: {type(e).__name__}: {e}"), "error"),
+                    **done}
+        up = self.open_session(bid)
+        up[self.status] = status_html(branch_note(default_store().load_session(bid)), "ok")
+        up.update(done)
+        return up
 
     def on_click(self, traces: list[dict[str, Any]] | None, lane: Any, evt: gr.EventData) -> dict[Any, Any]:
         """A token was clicked: branch from its lane and step (the panel opens)."""
@@ -229,6 +356,11 @@ class BranchPanel:
         """Branch was pressed: say so at once and hold the button until the branch is shown."""
         return {self.status: status_html("Branching… (running the lane on from the edited prefix)"),
                 self.button: gr.update(interactive=False)}
+
+    def on_continue_pressed(self) -> dict[Any, Any]:
+        """Continue was pressed: say so at once and hold the button until the branch is shown."""
+        return {self.status: status_html("Continuing… (the lane replays to the step, takes your commits and runs on)"),
+                self.canvas_run: gr.update(interactive=False)}
 
     def on_branch(self, sid: Any, traces: list[dict[str, Any]] | None, lane: Any, step: Any, choice: Any,
                   typed: Any, scope: Any, owner_key: Any = None) -> dict[Any, Any]:
@@ -269,5 +401,6 @@ def _int(x: Any, default: int) -> int:
         return default
 
 
-__all__ = ["BranchPanel", "SCOPE_CHOICES", "Target", "branch_note", "check_can_run", "lane_choices", "pick_token",
-           "run_branch", "target", "where_html"]
+__all__ = ["BranchPanel", "SCOPE_CHOICES", "Target", "branch_note", "canvas_offer", "canvas_where_html",
+           "check_can_run", "hand_commit", "is_diffusion", "lane_choices", "pick_token", "run_branch", "run_canvas",
+           "target", "where_html"]
