@@ -173,6 +173,29 @@ GROW_RECIPES = {
         eps=1e-3, prefix_share=0.1, high_mask_share=0.85, high_t=0.8,
     ),
 }
+# --recipe from_ar: the two tries above started from the bundled diffusion LM; this one starts
+# from the bundled causal target instead, as Dream and DiffuLLaMA adapt an autoregressive model.
+# `diffusion_from_causal` maps the Llama's weights into a ModernBertForMaskedLM (every layer
+# global attention, SwiGLU, RoPE theta of the Llama, the MLM head an identity up to a scale);
+# the model keeps the Llama's "shifted" prediction: the token at position i is read from the
+# output at position i - 1 (config key `playground_logits_shifted`). Training anneals the
+# attention from causal to bidirectional over the first `anneal` of the run (DiffuLLaMA's
+# attention-mask annealing, in this project's form: each future key is visible with a
+# probability that grows linearly from 0 to 1), with the masking ratios decoding visits
+# (t ~ U(eps, 1), half of the sequences at t ~ U(0.7, 1), a quarter with a clean prefix).
+# Same early stopping as `finetune`, on shifted logits. Measured on one shared CPU thread: 795
+# steps (3.26M tokens) in 40 minutes gave 0.354 / 0.254 / 0.142 at 15 / 50 / 90 % masking on
+# the validation split, below the bundled model (0.394 / 0.307 / 0.153); not adopted.
+FROM_AR_RECIPES = {
+    "diffusion": dict(
+        from_ar=True, anneal=0.2,
+        steps=12000, batch_size=16, seq_len=256, lr=6e-4, min_lr=6e-5, warmup=100,
+        weight_decay=0.1, dropout=0.0, eval_every=200, select="masked_acc_90",
+        max_seconds=2400,
+        eps=1e-3, prefix_share=0.25, high_mask_share=0.5, high_t=0.7,
+    ),
+}
+SHIFTED_KEY = "playground_logits_shifted"  # config key: logits[i - 1] score the token at i
 GUARD_MARGIN = 0.05
 FINETUNE_HOLDOUT_WINDOWS = 48  # fewer than for the loss: each check costs CPU time
 HOLDOUT_FRACTION = 0.03  # tail of the training stream kept out of training, for early stopping
@@ -182,9 +205,10 @@ MAX_POSITIONS = 512
 
 
 def recipe(stage: str, smoke: bool, name: str = "cpu") -> dict:
-    """The training recipe of a stage: `name` "cpu" (the default), "gpu", "finetune" or "grow";
-    `smoke` shrinks it."""
-    tables = {"gpu": GPU_RECIPES, "finetune": FINETUNE_RECIPES, "grow": GROW_RECIPES}
+    """The training recipe of a stage: `name` "cpu" (the default), "gpu", "finetune", "grow" or
+    "from_ar"; `smoke` shrinks it."""
+    tables = {"gpu": GPU_RECIPES, "finetune": FINETUNE_RECIPES, "grow": GROW_RECIPES,
+              "from_ar": FROM_AR_RECIPES}
     table = tables.get(name, RECIPES)
     if stage not in table:
         if name in ("finetune", "grow"):
@@ -303,6 +327,116 @@ def deepen(model, after: list[int], layer_type: str = "full_attention"):
     return grown.train(model.training)
 
 
+def diffusion_from_causal(causal):
+    """A ModernBertForMaskedLM initialised from a LlamaForCausalLM (Dream / DiffuLLaMA-style
+    adaptation of an autoregressive model), meant to be read with shifted logits.
+
+    The map, block for block: Wqkv = [q; k; v]; the GeGLU MLP becomes SwiGLU
+    (hidden_activation silu; ModernBERT activates the first half of Wi, so Wi = [gate; up]);
+    the norms take the RMSNorm gains; every layer attends globally with the Llama's RoPE theta;
+    the MLM head's dense is the identity with a linear activation. It is exact where the
+    residual stream has zero mean over the hidden units (LayerNorm then equals RMSNorm) and the
+    attention is given the causal mask; elsewhere approximate, which fine-tuning absorbs:
+    ModernBERT's layer 0 has no norm of its own but a norm on the embeddings, so that norm
+    carries the embeddings' typical scale and layer 0's gain moves into its Wqkv; the head's
+    LayerNorm renormalises the final-normed state (subtracting its mean, rescaling by about
+    the final gain's RMS), so the logits are close to the Llama's but not equal. With the
+    causal mask the mapped target keeps its next-token loss within 0.01 nats."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    c = causal.config
+    heads = c.num_attention_heads
+    if c.num_key_value_heads != heads or c.hidden_size // heads != getattr(c, "head_dim", 0) \
+            or getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False):
+        raise SystemExit("--recipe from_ar: needs a Llama with full multi-head attention, "
+                         "head_dim = hidden / heads and no biases")
+    theta = float((getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+    layers = c.num_hidden_layers
+    config = ModernBertConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=layers, num_attention_heads=heads,
+        max_position_embeddings=c.max_position_embeddings, hidden_activation="silu",
+        classifier_activation="linear", norm_eps=c.rms_norm_eps, norm_bias=False,
+        attention_bias=False, mlp_bias=False, classifier_bias=False, decoder_bias=True,
+        layer_types=["full_attention"] * layers,
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=theta),
+                         "sliding_attention": dict(rope_type="default", rope_theta=theta)},
+        tie_word_embeddings=True, attention_dropout=0.0, mlp_dropout=0.0, embedding_dropout=0.0,
+        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id,
+        cls_token_id=c.eos_token_id, sep_token_id=c.eos_token_id)
+    model = ModernBertForMaskedLM(config)
+    src = {k: v.detach().float() for k, v in causal.state_dict().items()}
+    emb = src["model.embed_tokens.weight"]
+    # LayerNorm on the embeddings: give its output the embeddings' typical scale
+    scale = emb.std(dim=1, unbiased=False).mean()
+    final_gain = src["model.norm.weight"]
+    state = {
+        "model.embeddings.tok_embeddings.weight": emb,
+        "model.embeddings.norm.weight": torch.full_like(final_gain, float(scale)),
+        "model.final_norm.weight": final_gain,
+        "head.dense.weight": torch.eye(c.hidden_size),
+        # the head's LayerNorm undoes the final gain's scale; this puts it back (on average)
+        "head.norm.weight": torch.full_like(final_gain, float(final_gain.pow(2).mean().sqrt())),
+        "decoder.weight": emb,
+        "decoder.bias": torch.zeros(c.vocab_size),
+    }
+    for i in range(layers):
+        a = b = f"model.layers.{i}."
+        gain = src[a + "input_layernorm.weight"]
+        qkv = torch.cat([src[a + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
+        if i == 0:
+            qkv = qkv * (gain / scale)[None, :]  # layer 0's gain, on the normed embeddings
+        else:
+            state[b + "attn_norm.weight"] = gain
+        state[b + "attn.Wqkv.weight"] = qkv
+        state[b + "attn.Wo.weight"] = src[a + "self_attn.o_proj.weight"]
+        state[b + "mlp_norm.weight"] = src[a + "post_attention_layernorm.weight"]
+        state[b + "mlp.Wi.weight"] = torch.cat([src[a + "mlp.gate_proj.weight"],
+                                                 src[a + "mlp.up_proj.weight"]], dim=0)
+        state[b + "mlp.Wo.weight"] = src[a + "mlp.down_proj.weight"]
+    model.load_state_dict(state, strict=True)
+    model.config.playground_kind = "diffusion"
+    setattr(model.config, SHIFTED_KEY, True)
+    return model
+
+
+def is_shifted(model) -> bool:
+    """Whether a masked LM scores the token at position i with its logits at i - 1."""
+    return bool(getattr(model.config, SHIFTED_KEY, False))
+
+
+def unshift(logits: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits of a shifted model re-aligned so that [:, i] scores position i; position
+    0 keeps its own logits, as the playground's model handle does for Dream."""
+    return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
+class AlignedLogits(torch.nn.Module):
+    """A masked LM whose forward returns logits aligned with the input (shifted models
+    re-aligned by `unshift`), so tiny_eval's scoring reads every model the same way."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids: torch.Tensor, **kwargs):
+        """The wrapped model's output, logits re-aligned when the model is shifted."""
+        out = self.model(input_ids=input_ids, **kwargs)
+        if is_shifted(self.model):
+            out.logits = unshift(out.logits)
+        return out
+
+
+def annealed_mask(batch: int, length: int, visible: float, gen: torch.Generator):
+    """(B, 1, T, T) boolean attention mask between causal and full: every past key visible,
+    each future key visible with probability `visible`; None once `visible` reaches 1."""
+    if visible >= 1.0:
+        return None
+    future = torch.rand(batch, 1, length, length, generator=gen) < visible
+    return torch.ones(length, length, dtype=torch.bool).tril() | future
+
+
 def n_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
@@ -327,13 +461,15 @@ def causal_loss(model, batch, teacher=None, distill=0.0):
 
 
 def diffusion_loss(model, batch, mask_id: int, gen: torch.Generator, eps=1e-3, prefix_share=0.0,
-                   high_mask_share=0.0, high_t=0.7):
+                   high_mask_share=0.0, high_t=0.7, attend=None):
     """MDLM / LLaDA: per sequence t ~ U(eps, 1); mask each token with probability t;
     cross-entropy on the masked positions weighted 1/t, averaged over all maskable positions.
     A share of sequences keeps a clean prefix of random length and masks only the suffix,
     which is how the diffusion decoders use the model (prompt, then masks). A share
     `high_mask_share` draws t ~ U(high_t, 1) instead, spending more training on the nearly
-    fully masked canvases that diffusion decoding starts from."""
+    fully masked canvases that diffusion decoding starts from. A shifted model (`is_shifted`)
+    predicts the token at i from its output at i - 1 and never has position 0 masked;
+    `attend` is an attention mask for every layer (`annealed_mask`), None = bidirectional."""
     x0 = batch[:, :-1]
     B, T = x0.shape
     # low-discrepancy t (as in MDLM): one uniform offset, B evenly spaced points
@@ -346,10 +482,19 @@ def diffusion_loss(model, batch, mask_id: int, gen: torch.Generator, eps=1e-3, p
     prefix_rows = torch.rand(B, generator=gen) < prefix_share
     prefix_len = torch.randint(1, T - T // 8, (B,), generator=gen)
     maskable &= ~(prefix_rows[:, None] & (torch.arange(T)[None, :] < prefix_len[:, None]))
+    shifted = is_shifted(model)
+    if shifted:
+        maskable[:, 0] = False  # nothing before it to predict it from
     masked = ((torch.rand(B, T, generator=gen) < t[:, None]) & maskable).to(x0.device)
     maskable, t = maskable.to(x0.device), t.to(x0.device)
     xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
-    hidden = model.model(input_ids=xt).last_hidden_state
+    kwargs = {}
+    if attend is not None:
+        kwargs["attention_mask"] = {"full_attention": attend.to(x0.device),
+                                    "sliding_attention": attend.to(x0.device)}
+    hidden = model.model(input_ids=xt, **kwargs).last_hidden_state
+    if shifted:
+        hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)  # [:, i] = output at i - 1
     logits = model.decoder(model.head(hidden[masked])).float()  # LM head only where needed
     ce = F.cross_entropy(logits, x0[masked], reduction="none")
     weights = (1.0 / t)[:, None].expand(B, T)[masked]
@@ -430,7 +575,7 @@ def holdout_masked_acc(model, holdout: torch.Tensor, seq_len: int, mask_id: int,
         correct = 0
         for i in range(0, n, 16):
             wb, mb = w[i:i + 16], m[i:i + 16]
-            logits = model(input_ids=torch.where(mb, mask_id, wb)).logits[mb]
+            logits = AlignedLogits(model)(input_ids=torch.where(mb, mask_id, wb)).logits[mb]
             correct += (logits.argmax(-1) == wb[mb]).sum().item()
         out[f"masked_acc_{pct}"] = correct / m.sum().item()
         out[f"unigram_acc_{pct}"] = (w[m] == top_token).float().mean().item()
@@ -549,8 +694,15 @@ def train_model(stage: str, model, data: torch.Tensor, r: dict, args, ckpt_dir: 
         batch = get_batch(data, r["batch_size"], r["seq_len"], gen)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
             if stage == "diffusion":
+                attend = None
+                if r.get("anneal"):
+                    # the same progress the cosine follows: steps or time, whichever is further
+                    progress = max(step / r["steps"], elapsed / max_seconds if max_seconds else 0)
+                    attend = annealed_mask(r["batch_size"], r["seq_len"],
+                                           progress / r["anneal"], gen)
                 loss = diffusion_loss(model, batch, mask_id, gen, r["eps"], r["prefix_share"],
-                                      r.get("high_mask_share", 0.0), r.get("high_t", 0.7))
+                                      r.get("high_mask_share", 0.0), r.get("high_t", 0.7),
+                                      attend=attend)
             else:
                 loss = causal_loss(model, batch, teacher, r.get("distill", 0.0))
         opt.zero_grad(set_to_none=True)
@@ -615,6 +767,47 @@ def save_model(stage: str, model, tokenizer, out: Path) -> Path:
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def evaluate_aligned(path: Path, val_ids, train_ids, facts: dict, n_windows: int,
+                     sample_tokens: int) -> dict:
+    """tiny_eval's diffusion figures and samples for a model read with shifted logits (its
+    model card assumes the bundled recipe, so only eval.json is written). The same windows,
+    masks and scoring as `tiny_eval.compute_figures`, through `AlignedLogits`."""
+    from transformers import AutoTokenizer
+
+    model = AlignedLogits(tiny_eval.load(path, "diffusion"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    mask_id = tokenizer.mask_token_id
+    windows = tiny_eval.val_windows(val_ids, facts["seq_len"], n_windows)
+    uni = tiny_eval.unigram_logprobs(train_ids, model.config.vocab_size)
+    figs: dict = {}
+    for ratio in tiny_eval.RATIOS:
+        m = tiny_eval.random_masks(windows.shape, ratio)
+        pct = int(ratio * 100)
+        figs[f"masked_acc_{pct}"], figs[f"masked_ce_{pct}"] = tiny_eval.masked_scores(
+            model, windows, m, mask_id)
+        figs[f"unigram_acc_{pct}"] = (windows[m] == int(uni.argmax())).float().mean().item()
+        figs[f"unigram_ce_{pct}"] = -uni[windows[m]].mean().item()
+    p = min(tiny_eval.SUFFIX_PREFIX, facts["seq_len"] // 2)
+    m = torch.zeros(windows.shape, dtype=torch.bool)
+    m[:, p:] = True
+    figs["suffix_masked_acc"] = tiny_eval.masked_accuracy(model, windows, m, mask_id)
+    figs["suffix_first_token_acc"] = tiny_eval._first_token_acc(model, windows, m, p, mask_id)
+    samples = [dict(prompt=q, greedy=tiny_eval.diffusion_generate(model, tokenizer, q,
+                                                                   sample_tokens),
+                    sampled=tiny_eval.diffusion_generate(model, tokenizer, q, sample_tokens,
+                                                         temperature=0.8, seed=i))
+               for i, q in enumerate(tiny_eval.PROMPTS)]
+    result = dict(model=path.name, kind="diffusion",
+                  figures={k: round(v, 5) for k, v in figs.items()},
+                  sample=dict(split="validation (assets/corpus/split.json)",
+                              windows=len(windows), seq_len=facts["seq_len"],
+                              tokens=windows.numel(), mask_seed=tiny_eval.MASK_SEED,
+                              logits_shifted=True),
+                  training=facts, sample_tokens=sample_tokens, samples=samples)
+    (path / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -687,15 +880,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--out (keeps their recorded training facts)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="train on the CPU (default) or a CUDA GPU (bf16 autocast)")
-    parser.add_argument("--recipe", default=None, choices=("cpu", "gpu", "finetune", "grow"),
+    parser.add_argument("--recipe", default=None,
+                        choices=("cpu", "gpu", "finetune", "grow", "from_ar"),
                         help="model sizes and schedule: cpu (the bundled models' recipe), gpu "
                              "(bigger, many epochs, dropout, early stopping; ~4-5 min on an H200) "
                              "finetune (diffusion only: continue from the model in --out, "
-                             "mostly high masking ratios) or grow (the same after doubling the "
-                             "model's depth); default: gpu with --device cuda, else cpu")
+                             "mostly high masking ratios), grow (the same after doubling the "
+                             "model's depth) or from_ar (diffusion: start from the causal target "
+                             "mapped into ModernBERT, shifted logits, attention annealed from "
+                             "causal to full; 40 min cap; eval.json only, no card); default: "
+                             "gpu with --device cuda, else cpu")
     parser.add_argument("--init-from", metavar="DIR",
                         help="--recipe finetune / grow: the model directory to start from "
-                             "(default: the one in --out)")
+                             "(default: the one in --out); from_ar: the causal model to map "
+                             "(default: the target in --out)")
     parser.add_argument("--max-seconds", type=float,
                         help="cap the training time of each model (the schedule follows it)")
     parser.set_defaults(bf16=None, eval=True)
@@ -781,6 +979,24 @@ def run(args: argparse.Namespace) -> int:
                              to_layers=model.config.num_hidden_layers)
                 print(f"[{stage}] deepened {layers} -> {model.config.num_hidden_layers} layers",
                       flush=True)
+        elif r.get("from_ar"):
+            source = Path(getattr(args, "init_from", None) or out / NAMES["target"])
+            if not (source / "config.json").exists():
+                raise SystemExit(f"--recipe {recipe_name}: no causal model to start from at "
+                                 f"{source}")
+            model = diffusion_from_causal(tiny_eval.load(source, "causal")).train()
+            base_facts = {"source": str(source)}
+            if (source / "eval.json").exists():
+                base_facts = json.loads((source / "eval.json").read_text())["training"]
+            r["arch"] = dict(hidden_size=model.config.hidden_size,
+                             intermediate_size=model.config.intermediate_size,
+                             num_hidden_layers=model.config.num_hidden_layers,
+                             num_attention_heads=model.config.num_attention_heads,
+                             layer_types=list(model.config.layer_types),
+                             hidden_activation="silu", logits_shifted=True)
+            print(f"[{stage}] initialised from the causal model {source} (shifted logits, "
+                  f"attention annealed causal -> full over {r['anneal']:.0%} of the run)",
+                  flush=True)
         else:
             model = build_model(stage, r["arch"], tokenizer)
         teacher = None
@@ -813,9 +1029,15 @@ def run(args: argparse.Namespace) -> int:
             facts["finetuned_from"] = base_facts
         if grown:
             facts["deepened"] = grown
+        if r.get("from_ar"):
+            facts.update(from_causal=True, anneal=r["anneal"], logits_shifted=True)
         path = save_model(stage, model, tokenizer, out)
         print(f"[{stage}] saved {path} ({facts['train_seconds']:.0f}s training)", flush=True)
-        if args.eval:
+        if args.eval and is_shifted(model):
+            figures = evaluate_aligned(path, val_ids, train_ids, facts, eval_windows,
+                                       sample_tokens)
+            print(f"[{stage}] {json.dumps(figures['figures'])}", flush=True)
+        elif args.eval:
             figures = tiny_eval.evaluate(stage, out, val_ids, train_ids, facts,
                                          n_windows=eval_windows, sample_tokens=sample_tokens)
             print(f"[{stage}] {json.dumps(figures['figures'])}", flush=True)
