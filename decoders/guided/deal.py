@@ -7,12 +7,18 @@ lookahead of ``lookahead`` tokens and scored by
     score = log p(hypothesis) + lam * R(candidate + lookahead)
 
 with ``R`` a programmatic reward (the keyword, length or regex potentials of ``smc``, each at
-most 0). The ``num_beams`` best candidates stay in the search (beam search's rules, so that
-``lam = 0`` with no lookahead is exactly the ``beam`` decoder).
+most 0). With ``search=beam`` the ``num_beams`` best candidates stay in the search (beam
+search's rules, so that ``lam = 0`` with no lookahead is exactly the ``beam`` decoder); with
+``search=astar`` a priority queue of partial hypotheses ordered by ``f = g + h`` (``g = log p``,
+``h = lam * R`` of the lookahead) is searched best first, ``best_first_beam``'s queue (so that
+``lam = 0`` with no lookahead is exactly ``best_first_beam``).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -22,10 +28,12 @@ from decoders.base import Choice, Context, Decoder, Float, Int, Params, Playgrou
 from decoders.beam_batch import BIG, BatchState, BeamGroup, Hyp, finish_reason_of, hits_stop
 from decoders.citation import arxiv
 from decoders.guided.smc import Potential, compile_regex, parse_keywords
+from decoders.search.best_first import FRONTIER_SHOWN, Entry, take_wave, wave_reader
 from decoders.search.rollouts import rollouts
 from playground.core.trace import Step
 
 REWARDS = ("keywords", "length", "regex")
+SEARCHES = ("beam", "astar")
 NEEDS = {"keywords": "keywords", "length": "target_chars", "regex": "match_regex"}
 
 
@@ -54,6 +62,10 @@ class DealParams(Params):
     def validate(self, decoder: str, given: dict[str, Any]) -> dict[str, Any]:
         out = super().validate(decoder, given)
         reward_of(out)
+        if out["search"] == "astar" and out["length_penalty"] != self["length_penalty"].default:
+            raise PlaygroundError(f"decoder {decoder!r}: length_penalty applies to search=beam only (search=astar "
+                                  f"ranks by f = g + h, no length normalisation); leave it at "
+                                  f"{self['length_penalty'].default:g}")
         return out
 
 
@@ -69,7 +81,7 @@ class Candidate:
     lookahead: list[int]
     reward: float
     score: float = 0.0  # what the search ranks: logprob + lam * reward
-    status: str = "pruned"
+    status: str = "pruned"  # beam: kept / finished / pruned; astar: queued / finished
 
 
 def reward_text(ctx: Context, ids: Sequence[int]) -> str:
@@ -100,14 +112,32 @@ class Deal(Decoder):
     ``lam = 0`` and ``lookahead = 0`` and ``top_k`` at least beam search's own expansion
     (``max(2, 1 + stop tokens) * num_beams``) the run is the ``beam`` decoder's exactly
     (``num_beams = 1``: greedy, until a stop token).
+    ``search=astar`` is the paper's A* framing: a priority queue (``best_first_beam``'s
+    :class:`~decoders.search.best_first.Entry` queue) holds partial hypotheses ordered by
+    ``f = g + h``, ``g`` the summed log-probability (float32, as ``best_first_beam``) and
+    ``h = lam * R`` read on the hypothesis and its greedy lookahead of ``lookahead`` tokens
+    (the paper's lookahead heuristic; the root's ``h`` is 0, it is popped first whatever it
+    is). The best entry is popped and its ``top_k`` children are pushed with their own
+    lookaheads; at most ``num_beams`` hypotheses of each length may be popped (the beam
+    constraint), later ones of that length are dropped; the first finished hypothesis to
+    reach the top is the answer. ``h`` is not admissible (it is at most 0, it is no bound on
+    the reward still to come, and it is not monotone: a child's ``f`` may exceed its
+    parent's), so this is A*-like as in the paper, not an optimal search. With ``lam = 0``
+    ``f = g`` falls as a hypothesis grows and pops come in waves, several per batched forward
+    (``best_first_beam``'s :func:`~decoders.search.best_first.take_wave`), so ``lam = 0``,
+    ``lookahead = 0`` and ``top_k >= num_beams`` give ``best_first_beam``'s answer exactly;
+    with ``lam > 0`` a wave's order would not be settled, so one node is popped per step.
+    Each step records the popped nodes, the frontier at the choice (its best entries with
+    ``g``, ``h``, ``f``, depth and whether finished) and the children pushed.
     Rewards: ``keywords`` (minus the share of keywords, case-insensitive, not yet in the
     text), ``length`` (minus the relative distance to ``target_chars``; only overshoot
     counts while the text may still grow) and ``regex`` (0 while ``match_regex`` can still
     match, else -1), the potentials of ``smc``.
     Simplifies: programmatic rewards only — no reward model (the paper's harmlessness and
     helpfulness rewards need one); the lookahead is greedy and reads the reward only, not
-    the rollout's likelihood; the search is beam-shaped (every node at one depth) rather
-    than a best-first frontier; no logits processors.
+    the rollout's likelihood; ``search=beam`` is beam-shaped (every node at one depth);
+    ``search=astar`` bounds the search by the beam constraint and the length limit (no node
+    budget) and runs one lookahead batch per expanded node; no logits processors.
     """
 
     name = "deal"
@@ -115,29 +145,37 @@ class Deal(Decoder):
     kind = "causal"
     step_kind = "beam"
     params = DealParams(
+        search=Choice("beam", SEARCHES, "beam: keep the num_beams best candidates per step; astar: best-first "
+                                        "over a priority queue by f = g + h (g = log p, h = λ·R of the lookahead)"),
         reward=Choice("keywords", REWARDS, "the programmatic reward R of a partial hypothesis: keywords present, "
                                            "closeness to a target length, or a regex that can still match"),
         lam=Float(5.0, 0.0, 1000.0, "λ: weight of the reward in the score log p + λ·R (0 = beam search)"),
         top_k=Int(8, 1, 256, "candidate next tokens per kept node (the LM's most probable)"),
-        num_beams=Int(4, 1, 64, "nodes kept at each step (the beam width)"),
+        num_beams=Int(4, 1, 64, "nodes kept at each step (the beam width); astar: nodes popped per length"),
         lookahead=Int(4, 0, 64, "greedy tokens rolled out after each candidate before its reward is read "
                                 "(0 = the reward of the candidate itself)"),
         keywords=Text("", "reward=keywords: comma-separated words the output should contain (case-insensitive)"),
         target_chars=Int(0, 0, 100_000, "reward=length: output length in characters to aim for"),
         match_regex=Text("", "reward=regex: the output must be able to become (finished: be) a full match"),
-        length_penalty=Float(1.0, -5.0, 5.0, "finished score = score / length^this (as beam search)"),
+        length_penalty=Float(1.0, -5.0, 5.0, "search=beam: finished score = score / length^this (as beam search); "
+                                                "search=astar has no length normalisation, leave it at 1"),
     )
     reference = "Huang et al. 2024, DeAL: Decoding-time Alignment for Large Language Models"
     papers = (arxiv("Huang et al. 2024, DeAL: Decoding-time Alignment for Large Language Models", "2402.06147"),)
     description = "Tree search over the LM's top-k tokens, scored by log p + λ·reward of a greedy lookahead"
     shows = ("; plus `deal` per step: every candidate child with its LM log-probability, reward, combined "
-             "score, lookahead tokens and text, and whether it was kept, finished or pruned (step plot *DeAL "
-             "candidates*, run plot *DeAL path: reward vs log-likelihood*)")
+             "score, lookahead tokens and text, and whether it was kept, finished or pruned (queued with "
+             "search=astar) (step plot *DeAL candidates*, run plot *DeAL path: reward vs log-likelihood*); "
+             "with search=astar, `astar` per step: the popped nodes and the frontier's best entries with g, h, f, "
+             "depth and finished (step plot *DeAL frontier: g and h*)")
 
     def is_lossy(self, params: dict[str, Any]) -> bool:
         return True
 
     def run(self, ctx: Context) -> Iterator[Step]:
+        if ctx.params["search"] == "astar":
+            yield from self._astar(ctx)
+            return
         p = ctx.params
         pot = reward_of(p)
         lam, k = float(p["lam"]), int(p["num_beams"])
@@ -151,11 +189,12 @@ class Deal(Decoder):
         node_r = [0.0] * k
         pooled: dict[tuple[int, ...], tuple[float, float]] = {}
         prev_pos: dict[int, int] = {}
-        n_rollouts = 0
+        n_rollouts = expansions = 0
         for t in range(ctx.max_new_tokens):
             ctx.check_cancel()
             logprobs = torch.log_softmax(logits.float(), -1).cpu()
             live = [b for b in range(k) if float(grp.scores[b]) > -BIG / 2]
+            expansions += len(live)
             cands: list[Candidate] = []
             for b in live:
                 row, n_roll = self._expand(ctx, pot, b, grp.running[b], node_lp[b], logprobs[b], top_k, depth, t)
@@ -202,7 +241,99 @@ class Deal(Decoder):
         self.extra_stats.update(
             reward=pot.parts(), output_logprob=round(lp, 5), output_reward=round(r, 5),
             final_reward=round(pot(reward_text(ctx, best.ids), True), 5), best_score=round(best.score, 5),
-            rollouts=n_rollouts)
+            rollouts=n_rollouts, expansions=expansions)
+
+    def _astar(self, ctx: Context) -> Iterator[Step]:
+        """``search=astar``: best-first over partial hypotheses by ``f = g + h`` (see the class)."""
+        p = ctx.params
+        pot = reward_of(p)
+        lam, k = float(p["lam"]), int(p["num_beams"])
+        top_k, depth = int(p["top_k"]), int(p["lookahead"])
+        order = itertools.count()
+        root = Entry((0.0, next(order)), [], 0.0, False)
+        queue = [root]
+        node = {root.uid: Candidate(-1, -1, 0.0, 0.0, False, [], 0.0, status="root")}  # uid -> g, reward, lookahead
+        pops: Counter[int] = Counter()
+        expansions = dropped = waves = n_rollouts = 0
+        best: Entry | None = None
+        reader = wave_reader(ctx)
+        head = {"lam": lam, "reward": str(p["reward"]), "top_k": top_k, "lookahead": depth, "search": "astar"}
+        while queue:
+            ctx.check_cancel()
+            e = queue[0]
+            if pops[len(e.ids)] >= k:  # the beam constraint: this length is settled
+                heapq.heappop(queue)
+                dropped += 1
+                continue
+            front = [self._entry(x, node[x.uid], lam) for x in heapq.nsmallest(FRONTIER_SHOWN, queue)]
+            if e.finished:  # the first finished hypothesis to reach the top is the answer
+                heapq.heappop(queue)
+                pops[len(e.ids)] += 1
+                best = e
+                yield Step("beam", [], beams=[self._popped(e, node[e.uid], lam)], deal={**head, "candidates": []},
+                           astar=self._evidence(front, [e], pops, expansions, waves, dropped))
+                break
+            if lam == 0.0:  # f = g only falls along a path: take_wave's order is settled
+                wave, n_dropped, _ = take_wave(queue, pops, k)
+                dropped += n_dropped
+            else:  # a child may outscore its parent: one pop at a time
+                wave = [heapq.heappop(queue)]
+                pops[len(e.ids)] += 1
+            waves += 1
+            expansions += len(wave)
+            logprobs = reader.read(wave)
+            cands: list[Candidate] = []
+            for row, w in enumerate(wave):
+                # float32 accumulation, as best_first_beam's scores
+                acc = logprobs[row] + torch.tensor(node[w.uid].logprob, dtype=torch.float32)
+                vals, toks = torch.topk(acc, min(top_k, acc.numel()))
+                children = []
+                for v, tok in zip(vals.tolist(), toks.tolist()):
+                    fin = len(w.ids) + 1 >= ctx.max_new_tokens or hits_stop(ctx, w.ids + [int(tok)])
+                    children.append(Candidate(row, int(tok), float(logprobs[row, tok]), float(v), fin, [], 0.0))
+                n_rollouts += self._lookahead(ctx, pot, w.ids, children, depth, len(w.ids))
+                for c in children:
+                    c.score = c.logprob + lam * c.reward
+                    c.status = "finished" if c.finished else "queued"
+                    child = Entry((-c.score, next(order)), w.ids + [c.token], c.score, c.finished, w.uid)
+                    node[child.uid] = c
+                    heapq.heappush(queue, child)
+                cands += children
+            reader.release(pops, k)
+            rows = {r: r for r in range(len(wave))}
+            yield Step("beam", [], beams=[self._popped(w, node[w.uid], lam) for w in wave],
+                       deal={**head, "candidates": [self._show(ctx, c, rows) for c in cands]},
+                       astar=self._evidence(front, wave, pops, expansions, waves, dropped))
+        if best is None:  # cancelled or nothing left: the best queued hypothesis
+            best = min(queue) if queue else root
+        c = node[best.uid]
+        self.output_override = list(best.ids)
+        self.finish_reason = finish_reason_of(ctx, best.ids)
+        self.extra_stats.update(
+            reward=pot.parts(), output_logprob=round(c.logprob, 5), output_reward=round(c.reward, 5),
+            final_reward=round(pot(reward_text(ctx, best.ids), True), 5), best_score=round(best.score, 5),
+            rollouts=n_rollouts, expansions=expansions, waves=waves, dropped=dropped)
+
+    @staticmethod
+    def _entry(e: Entry, c: Candidate, lam: float) -> dict[str, Any]:
+        """A queue entry as frontier evidence (full precision, so the pop recomputes from the record)."""
+        return {"id": e.uid, "parent": e.parent, "ids": list(e.ids), "g": c.logprob, "h": lam * c.reward,
+                "f": e.score, "reward": c.reward, "depth": len(e.ids), "finished": e.finished}
+
+    @staticmethod
+    def _popped(e: Entry, c: Candidate, lam: float) -> dict[str, Any]:
+        """A popped node as one of the step's ``beams`` (``score`` is its f)."""
+        return {"ids": list(e.ids), "score": round(e.score, 5), "logprob": round(c.logprob, 5),
+                "reward": round(c.reward, 5), "h": round(lam * c.reward, 5), "id": e.uid, "parent": None,
+                "finished": e.finished, "popped": True}
+
+    @staticmethod
+    def _evidence(front: list[dict[str, Any]], popped: list[Entry], pops: Counter[int], expansions: int,
+                  waves: int, dropped: int) -> dict[str, Any]:
+        """A step's ``astar`` field: the frontier at the choice, what was popped, the counts so far."""
+        return {"frontier": front, "popped": [e.uid for e in popped],
+                "pops": {str(d): n for d, n in sorted(pops.items())}, "expansions": expansions, "waves": waves,
+                "dropped": dropped}
 
     @staticmethod
     def _expand(ctx: Context, pot: Potential, row: int, ids: list[int], lp: float, logprobs: torch.Tensor,
@@ -215,6 +346,12 @@ class Deal(Decoder):
             child = ids + [int(tok)]
             fin = t + 1 >= ctx.max_new_tokens or hits_stop(ctx, child)
             out.append(Candidate(row, int(tok), float(v), lp + float(v), fin, [], 0.0))
+        return out, Deal._lookahead(ctx, pot, ids, out, depth, t)
+
+    @staticmethod
+    def _lookahead(ctx: Context, pot: Potential, ids: list[int], out: list[Candidate], depth: int, t: int) -> int:
+        """Roll the unfinished children of the node ``ids`` (at depth ``t``) out greedily for
+        ``depth`` tokens and read each child's reward; returns how many rollouts were run."""
         room = ctx.max_new_tokens - (t + 1)
         todo = [c for c in out if not c.finished]
         if depth > 0 and todo:
@@ -226,7 +363,7 @@ class Deal(Decoder):
             full = ids + [c.token] + c.lookahead
             done = c.finished or len(full) >= ctx.max_new_tokens or hits_stop(ctx, full)
             c.reward = float(pot(reward_text(ctx, full), done))
-        return out, (len(todo) if depth > 0 else 0)
+        return len(todo) if depth > 0 else 0
 
     @staticmethod
     def _show(ctx: Context, c: Candidate, prev_pos: dict[int, int]) -> dict[str, Any]:
@@ -257,4 +394,4 @@ class Deal(Decoder):
         return out
 
 
-__all__ = ["Candidate", "Deal", "reward_of", "reward_text"]
+__all__ = ["Candidate", "Deal", "SEARCHES", "reward_of", "reward_text"]

@@ -262,3 +262,8 @@ def take_wave(queue: list[Entry], pops: Counter[int], k: int,
     for e in held:
         heapq.heappush(queue, e)
     return wave, dropped, merged
+
+
+# The queue machinery other searches reuse (``deal``'s A* search): the entries, the waves, the
+# readers that give a wave its next-token log-probabilities in one counted forward.
+__all__ = ["FRONTIER_SHOWN", "BestFirstBeam", "Entry", "Lattice", "take_wave", "wave_reader"]
