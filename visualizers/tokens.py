@@ -2,8 +2,10 @@
 
 Every token is ``<span class="tok" data-lane=".." data-step=".." title="..">text</span>``;
 ``data-step`` is the index of the step that produced the token, so the page can jump the
-step scrubber to it on click. Token text is always HTML-escaped. Colours are translucent
-backgrounds so the text stays readable on light and dark pages.
+step scrubber to it on click; a diffusion canvas's cells also carry ``data-pos`` (the
+position), so a click on a masked cell can choose that position for a hand on the canvas.
+Token text is always HTML-escaped. Colours are translucent backgrounds so the text stays
+readable on light and dark pages.
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ def tokens_html(trace: dict[str, Any], metric: str, lane: int = 0, upto_step: in
     if not recs:
         return wrap + '<span class="tok-empty" style="opacity:0.6">(no tokens yet)</span></div>'
     parts = []
-    for r in recs:
+    for pos, r in enumerate(recs):
         cls = "tok mask" if r.masked else "tok"
         style = []
         bg = "rgba(154,161,171,0.28)" if r.masked else _background(metric, r, nsteps)
@@ -248,7 +250,9 @@ def tokens_html(trace: dict[str, Any], metric: str, lane: int = 0, upto_step: in
             style.append("outline:1.5px solid #f5a524")
         style.append("border-radius:3px;cursor:pointer")
         text = html.escape(r.text) if r.masked else html_token(r.text)
-        parts.append(f'<span class="{cls}" data-lane="{lane_s}" data-step="{int(r.step)}" '
+        # a canvas cell names its position, so a click on a mask can pick it (a hand on the canvas)
+        at = f' data-pos="{pos}"' if diffusion else ""
+        parts.append(f'<span class="{cls}" data-lane="{lane_s}" data-step="{int(r.step)}"{at} '
                      f'title="{html.escape(_title(r, diffusion))}" style="{";".join(style)}">'
                      f'{text}</span>')
     return wrap + "".join(parts) + "</div>"

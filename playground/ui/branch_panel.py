@@ -14,6 +14,8 @@ earlier step rewinds it), the panel lists the positions still masked there with 
 at each (``#branch-canvas-positions``), one position's token may be picked from its recorded
 top-K (``#branch-canvas-at``, ``#branch-canvas-token``), and *Continue* (``#branch-continue``)
 runs the lane on with the reader's commits at that step, opened beside the parent's lane.
+A click on one of those masked cells where the canvas is shown (the lane's canvas view at that
+step, or a mask in the lane's output) ticks or unticks its position (:func:`toggle_cell`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from playground.core.settings import limits
 from playground.hosting import gpu, model_event_settings
 from playground.ownership import one_user, owner_id
 from playground.store import default_store
-from playground.ui.events import clicked_token, nothing_is_skip
+from playground.ui.events import clicked_cell, clicked_token, nothing_is_skip
 from playground.ui.html import esc, one_line, status_html
 from playground.ui.layout import Layout
 
@@ -138,6 +140,38 @@ def hand_commit(positions: Any, at: Any, token: Any) -> dict[int, int | None]:
     if not commit:
         raise PlaygroundError("choose at least one masked position to commit")
     return commit
+
+
+@dataclass
+class CanvasPick:
+    """The canvas controls' values: the ticked positions, the position picked for its token and
+    that token (None for none)."""
+
+    positions: list[int]
+    at: int | None
+    token: int | None
+
+
+def toggle_cell(trace: dict[str, Any], step: int, pos: int, positions: Any, at: Any, token: Any) -> CanvasPick:
+    """The controls after a click on the canvas cell at ``pos``: the position joins the commits
+    (ticked, and picked for its token so the reader sees its top-K, top-1 chosen) or, when it is
+    committed already, leaves them. Every other committed position keeps its token: a position
+    picked with a token other than its top-1 stays picked, one at its top-1 stays ticked."""
+    ticked = sorted({int(p) for p in (positions or [])})
+    at_i = None if at in (None, "") else int(at)
+    tok = None if token in (None, "") else int(token)
+    if pos in ticked or pos == at_i:
+        ticked = [p for p in ticked if p != pos]
+        return CanvasPick(ticked, None, None) if at_i == pos else CanvasPick(ticked, at_i, tok)
+    ticked = sorted(ticked + [pos])
+    top = canvas_choices(trace, step, pos)
+    if at_i is None:
+        return CanvasPick(ticked, pos, top[0][1] if top else None)
+    at_top = canvas_choices(trace, step, at_i)
+    if tok is None or (at_top and tok == at_top[0][1]):
+        # the picked position was at its top-1, which a tick commits as well: it stays, ticked
+        return CanvasPick(sorted(set(ticked) | {at_i}), pos, top[0][1] if top else None)
+    return CanvasPick(ticked, at_i, tok)
 
 
 def check_can_run() -> None:
@@ -271,6 +305,11 @@ class BranchPanel:
                                    page.owner_key],
                   page.page_outputs() + [self.status, self.button], show_progress="hidden",
                   **model_event_settings())
+        # a click on a masked cell (token_click.js sends it as `select`) ticks or unticks it
+        for ui in page.lanes:
+            ui.output.select(nothing_is_skip(self.on_cell), [page.traces, self.lane, page.step, self.canvas_pos,
+                                                             self.canvas_at, self.canvas_token],
+                             self.pick_outputs() + [self.accordion], show_progress="hidden", queue=False)
         self.canvas_at.input(self.on_canvas_at, [page.traces, self.lane, page.step, self.canvas_at],
                              [self.canvas_token], show_progress="hidden")
         self.canvas_run.click(self.on_continue_pressed, None, [self.status, self.canvas_run], queue=False,
@@ -310,6 +349,34 @@ class BranchPanel:
             return {self.canvas_token: gr.update(choices=[], value=None)}
         choices = canvas_choices(list(traces or [])[t.lane], t.step, int(at))
         return {self.canvas_token: gr.update(choices=choices, value=choices[0][1] if choices else None)}
+
+    def on_cell(self, traces: list[dict[str, Any]] | None, lane: Any, step: Any, positions: Any, at: Any,
+                token: Any, evt: gr.EventData) -> dict[Any, Any]:
+        """A masked cell of a diffusion lane was clicked: pause that lane at the scrubber's step
+        (unless the panel holds it there already, with the reader's ticks) and tick or untick
+        the position; nothing when the step does not offer it."""
+        hit = clicked_cell(evt)
+        if hit is None:
+            return {}
+        cell_lane, cell_step, pos = hit
+        t = target(traces, cell_lane, step)
+        if not is_diffusion(traces, t.lane) or cell_step not in (None, t.step):
+            return {}  # (a view of another step than the scrubber's is stale)
+        trace = list(traces or [])[t.lane]
+        if pos not in masked_at(trace, t.step):
+            return {}
+        fresh = t.lane != _int(lane, -1)
+        up: dict[Any, Any] = {self.accordion: gr.update(open=True)}
+        if fresh:  # another lane than the panel holds: pause it there afresh
+            up.update(self.on_pick(traces, t.lane, t.step))
+            positions, at, token = [], None, None
+        pick = toggle_cell(trace, t.step, pos, positions, at, token)
+        offer = {"choices": canvas_offer(trace, t.step)} if fresh else {}
+        choices = [] if pick.at is None else canvas_choices(trace, t.step, pick.at)
+        up.update({self.canvas_pos: gr.update(value=pick.positions, **offer),
+                   self.canvas_at: gr.update(value=pick.at, **offer),
+                   self.canvas_token: gr.update(choices=choices, value=pick.token)})
+        return up
 
     def on_continue(self, sid: Any, traces: list[dict[str, Any]] | None, lane: Any, step: Any, positions: Any,
                     at: Any, token: Any, owner_key: Any = None) -> dict[Any, Any]:
@@ -401,6 +468,6 @@ def _int(x: Any, default: int) -> int:
         return default
 
 
-__all__ = ["BranchPanel", "SCOPE_CHOICES", "Target", "branch_note", "canvas_offer", "canvas_where_html",
+__all__ = ["BranchPanel", "CanvasPick", "SCOPE_CHOICES", "Target", "branch_note", "canvas_offer", "canvas_where_html",
            "check_can_run", "hand_commit", "is_diffusion", "lane_choices", "pick_token", "run_branch", "run_canvas",
-           "target", "where_html"]
+           "target", "toggle_cell", "where_html"]
