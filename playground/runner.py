@@ -25,6 +25,10 @@ after a reader asks for one (:meth:`Runner.wait`), and at least ``rate`` times p
 stepping as soon as it is ready, so one lane's slow or failing draft never delays the
 others, and :meth:`Runner.cancel` abandons preparations still pending. The worker also ends
 when nobody has read a snapshot for ``abandon_after`` seconds (the page went away).
+
+A started runner keeps ``marks``, the monotonic moments of its way to the first token
+(``started``, ``lane_prepared``: the first lane prepared, ``prepared``: every lane prepared or failed, ``first_step``, ``published``: the
+first publish after it), which the page's live feed reports (:mod:`playground.ui.live_feed`).
 """
 
 from __future__ import annotations
@@ -198,6 +202,10 @@ class Runner:
         self._want = threading.Event()  # a reader waits: publish at the next step boundary
         self._thread: threading.Thread | None = None
         self._read_at = time.monotonic()
+        self.marks: dict[str, float] = {}  # name -> time.monotonic() when first reached
+
+    def _mark(self, name: str) -> None:
+        self.marks.setdefault(name, time.monotonic())
 
     # ------------------------------------------------------------------ control
     def cancel(self) -> None:
@@ -249,6 +257,7 @@ class Runner:
             if not lane.run.done:
                 lane.run._close("error")  # close the trace so what it made is kept
         lane.steps += 1
+        self._mark("first_step")
         self._policy.charge(self.lanes, k, step, self.timer() - t0)
         return k
 
@@ -307,6 +316,7 @@ class Runner:
         if self._thread is not None:
             raise PlaygroundError("this comparison is already running")
         self._read_at = time.monotonic()
+        self._mark("started")
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
         return self
@@ -340,6 +350,8 @@ class Runner:
     def _publish(self) -> None:
         self._want.clear()
         snaps = self.snapshots()
+        if "first_step" in self.marks:
+            self._mark("published")
         with self._cond:
             self._published = snaps
             self._version += 1
@@ -402,4 +414,7 @@ class Runner:
             if self._cancel.is_set() and lane.preparing:
                 lane.abandon()
             lane.attach(run, err)
+            self._mark("lane_prepared")
+            if not any(x.preparing for x in self.lanes):
+                self._mark("prepared")
             self._cond.notify_all()

@@ -114,6 +114,42 @@ def test_ui_section_reports_ratio_targets_and_load_from_given_numbers():
     assert "| 0.30 | ≤ 0.5 | met |" in text and "| 1 of 2 | every one | missed |" in text
 
 
+def test_first_token_parts_are_differences_of_the_page_and_server_marks():
+    """Each part of Run → first token is its end mark minus its start mark, on the page's clock
+    (PROFILE_JS has put the server's marks there); a part with a missing mark is left out."""
+    from playground.bench import ui
+
+    prof = {"click": 100.0, "join": 180.0, "shown": 460.0, "poll": {"first_byte": 440.0},
+            "page": {"flow": 150.0, "poll": 151.0, "answer": 450.0},
+            "server": {"event": 200.0, "first_frame": 210.0, "resumed": 230.0, "started": 231.0,
+                       "lane_prepared": 250.0, "first_step": 300.0, "published": 301.0, "ready": 420.0,
+                       "answered": 425.0}}
+    parts = ui.first_token_parts(prof)
+    want = {"client event": 50, "request out": 30, "queue": 20, "run opened": 10, "first frame": 20, "runner": 1,
+            "lane preparation": 19, "first step": 50, "publish": 1, "poll wakes": 119, "render": 5,
+            "answer out": 15, "answer read": 10, "drawn": 10, "total": 360, "first poll": 51}
+    assert parts == pytest.approx({k: v / 1000 for k, v in want.items()})
+    # consecutive parts tile click → shown exactly
+    assert sum(parts[n] for n, *_ in ui.FIRST_PARTS) == pytest.approx(parts["total"])
+    del prof["server"]["ready"]
+    assert "poll wakes" not in ui.first_token_parts(prof) and "render" not in ui.first_token_parts(prof)
+    assert ui.first_token_parts(None) == {}
+
+
+def test_ui_section_reports_the_parts_of_the_first_token():
+    from playground.bench import ui
+
+    runs = [{"total": 0.5, "queue": 0.02, "answer read": 0.2, "first poll": 0.1},
+            {"total": 0.3, "queue": 0.04, "answer read": 0.1, "first poll": 0.1}]
+    text = "\n".join(ui.first_parts_lines(runs, "Speculative showdown"))
+    assert "| queue | the Run handler is entered" in text and "| 30 (20–40) |" in text
+    assert "| answer read |" in text and "| 150 (100–200) |" in text
+    assert "| **Run → first token shown** | | **400 (300–500)** |" in text
+    assert "First token 0.40 s against issue 35's target of ≤ 0.4 s (met)" in text
+    assert "| render |" not in text  # not measured: no row
+    assert ui.first_parts_lines([{}, {}], "x") == []  # a page without the marks: no table
+
+
 def test_screenshots_command_has_help(capsys):
     with pytest.raises(SystemExit) as e:
         main(["screenshots", "--help"])

@@ -36,7 +36,8 @@ DESCRIPTION = ("Compare page in headless Chromium: showdown Run→Done vs `playg
                "updates per second per lane, Stop→idle, shared-session replay")
 SHOWDOWN = "speculative-showdown"
 STREAM_PRESET = "Truncation samplers"
-TARGETS = {"ratio": 2.0, "first": 0.5, "stop": 0.5, "rate": 8.0, "replay": 1.0, "readable": 1.5}
+TARGETS = {"ratio": 2.0, "first": 0.5, "stop": 0.5, "rate": 8.0, "replay": 1.0, "readable": 1.5,
+           "first35": 0.4}
 
 # Click Run and record, per visible lane, every change of its token text; and the moment the
 # page is idle again after having been busy. Resolves at once with t0; read window.__ui later.
@@ -77,6 +78,9 @@ RUN_JS = """
   obs.observe(document.body, {childList: true, subtree: true, characterData: true, attributes: true,
                               attributeFilter: ['disabled']});
   window.__uiObs = obs;
+  // the browser keeps 250 resource timings at most, and the live polls fill them: PROFILE_JS
+  // looks for this run's request among them
+  performance.clearResourceTimings();
   document.querySelector('#run').click();
   check();
   return t0;
@@ -91,6 +95,70 @@ READ_JS = """
                 tokens: document.querySelectorAll('#lane-' + k + '-output .tok').length};
   return {t0: ui.t0, first: ui.first, done: ui.done, status: ui.status || null, error: ui.error || null, lanes}; }
 """
+
+# Where the last run's first token waited: the page script's marks and the server's (sent with
+# the first answer that showed a lane, see playground/ui/live_feed.py), the Run request as the
+# browser's resource timing saw it, all on the page's clock (ms, performance.now()).
+PROFILE_JS = """
+() => { const ui = window.__ui, live = window.__pgLive;
+  if (!ui || !live || !live.server) return null;
+  const join = performance.getEntriesByType('resource').filter(
+    e => /\\/queue\\/join/.test(e.name) && e.startTime >= ui.t0).map(e => e.startTime);
+  const server = {};
+  const origin = live.server.event_ms - performance.timeOrigin;  // the Run event on the page's clock
+  for (const [k, v] of Object.entries(live.server)) if (k !== 'event_ms') server[k] = origin + v;
+  // the poll that brought the first lane: the last one answered before the script read it
+  const polls = performance.getEntriesByType('resource').filter(
+    e => /\\/playground_api\\/live/.test(e.name) && e.startTime >= ui.t0 && e.responseEnd <= (live.t.answer || 0));
+  const p = polls.length ? polls[polls.length - 1] : null;
+  return {click: ui.t0, shown: ui.first, join: join.length ? Math.min(...join) : null, page: live.t, server,
+          poll: p ? {sent: p.startTime, first_byte: p.responseStart, end: p.responseEnd} : {}}; }
+"""
+
+# The parts of Run → first token shown, in the order the run goes through them: (name, what it is,
+# the mark it starts at, the mark it ends at); a mark is "page.<name>", "server.<name>" or one of
+# PROFILE_JS's own (click, join, shown). A part whose marks are missing is not measured.
+FIRST_PARTS = [
+    ("client event", "click → the Run event's page script runs (Gradio's frontend)", "click", "page.flow"),
+    ("request out", "→ the Run request leaves the browser", "page.flow", "join"),
+    ("queue", "→ the Run handler is entered on the server (request, queue, inputs read)", "join", "server.event"),
+    ("run opened", "→ the first frame handed to Gradio (inputs checked, feed opened)", "server.event",
+     "server.first_frame"),
+    ("first frame", "→ Gradio sent the first frame and resumed the handler", "server.first_frame",
+     "server.resumed"),
+    ("runner", "→ the lanes' worker started", "server.resumed", "server.started"),
+    ("lane preparation", "→ the first lane prepared (models from the cache, prompt encoded)", "server.started",
+     "server.lane_prepared"),
+    ("first step", "→ its first decoder step done", "server.lane_prepared", "server.first_step"),
+    ("publish", "→ the worker published the lanes", "server.first_step", "server.published"),
+    ("poll wakes", "→ the waiting poll has a lane to show", "server.published", "server.ready"),
+    ("render", "→ the answer rendered", "server.ready", "server.answered"),
+    ("answer out", "→ its first byte reached the browser (the server's event loop, the network)",
+     "server.answered", "poll.first_byte"),
+    ("answer read", "→ the answer read by the page script (the browser's main thread)", "poll.first_byte",
+     "page.answer"),
+    ("drawn", "→ the lane text patched in and seen", "page.answer", "shown"),
+]
+
+
+def first_token_parts(profile: dict[str, Any] | None) -> dict[str, float]:
+    """The parts of one run's Run → first token (seconds, by :data:`FIRST_PARTS` name) from
+    PROFILE_JS's marks; ``total`` is click → shown, ``first poll`` click → the first poll sent."""
+    if not profile:
+        return {}
+
+    def at(name: str) -> float | None:
+        where, _, key = name.partition(".")
+        v = (profile.get(where) or {}).get(key) if key else profile.get(name)
+        return float(v) if isinstance(v, (int, float)) else None
+
+    out = {}
+    for name, _what, a, b in FIRST_PARTS + [("total", "", "click", "shown"), ("first poll", "", "click", "page.poll")]:
+        x, y = at(a), at(b)
+        if x is not None and y is not None:
+            out[name] = (y - x) / 1000.0
+    return out
+
 
 # Click Stop and resolve with the time until the page is idle again (or null after 120 s).
 STOP_JS = """
@@ -221,6 +289,7 @@ def run_in_page(page: Any, timeout_ms: int = 300_000) -> dict[str, Any]:
         raise PlaygroundError(f"the run did not finish within {timeout_ms / 1000:.0f} s: "
                               f"status {status_text(page)!r}") from e
     b = page.evaluate(READ_JS)
+    parts = first_token_parts(page.evaluate(PROFILE_JS))
     if b["error"]:
         raise PlaygroundError(f"the run failed in the page: {b['error']}")
     status = b["status"] or status_text(page)
@@ -231,7 +300,7 @@ def run_in_page(page: Any, timeout_ms: int = 300_000) -> dict[str, Any]:
         lanes[int(k)] = {"updates": r["updates"], "tokens": r["tokens"], "span_s": span,
                          "rate": (r["updates"] - 1) / span if span > 0 else float("nan")}
     return {"done_s": (b["done"] - t0) / 1000, "first_s": (b["first"] - t0) / 1000 if b["first"] else float("nan"),
-            "page_says_s": seconds_in_status(status), "lanes": lanes}
+            "page_says_s": seconds_in_status(status), "lanes": lanes, "parts": parts}
 
 
 def _med(xs: list[float]) -> float:
@@ -375,6 +444,29 @@ def _fresh(page: Any, browser: Any, url: str) -> Any:
     return new_page(browser, url)
 
 
+def first_parts_lines(parts: list[dict[str, float]], preset: str) -> list[str]:
+    """The table of where Run → first token went, part by part (ms, median and range over the
+    runs ``parts`` holds, as :func:`first_token_parts` made them); nothing when none was measured."""
+    runs = [p for p in parts if p]
+    if not runs:
+        return []
+    ms = lambda name: [r[name] * 1000.0 for r in runs if name in r]  # noqa: E731 - one cell's numbers
+    total = _med([r["total"] for r in runs if "total" in r])
+    lines = [f"Where Run → first token goes (*{preset}*, the runs above; ms, median and range; page and server "
+             "marks on one clock, see `playground/ui/live_feed.py`). The parts follow each other; their medians "
+             "need not add up to the total's.", "",
+             "| part | from the previous mark to | ms |", "|---|---|---:|"]
+    for name, what, _a, _b in FIRST_PARTS:
+        if ms(name):
+            lines.append(f"| {name} | {what.lstrip('→ ')} | {_cell(ms(name), '.0f')} |")
+    lines.append(f"| **Run → first token shown** | | **{_cell(ms('total'), '.0f')}** |")
+    if ms("first poll"):
+        lines.append(f"| (the page's first poll left after) | | {_cell(ms('first poll'), '.0f')} |")
+    lines += ["", f"First token {total:.2f} s against issue 35's target of ≤ {TARGETS['first35']:.1f} s "
+              f"({_verdict(total, TARGETS['first35'])}).", ""]
+    return lines
+
+
 def _section(args: argparse.Namespace, showdown: dict[str, Any], pairs: list[tuple[dict[str, Any], dict[str, float]]],
              streams: dict[int, list[dict[str, Any]]], stops: list[dict[str, Any]], replays: list[dict[str, Any]],
              loads: list[float], n_stream: int, reps: int, elapsed: float, machine: str,
@@ -428,6 +520,7 @@ def _section(args: argparse.Namespace, showdown: dict[str, Any], pairs: list[tup
            f"{_cell(plain_loads)} | | |"] if plain_loads else []),
         "",
     ]
+    lines += first_parts_lines([p.get("parts") or {} for p, _c in pairs], showdown["title"].split(":")[0])
     if replays and not all(r["complete"] for r in replays):
         lines += [f"Replay: {sum(not r['complete'] for r in replays)} of {len(replays)} replays did not draw every "
                   f"plot within 120 s ({replays[-1]['drawn']} of {replays[-1]['plots']} drawn).", ""]

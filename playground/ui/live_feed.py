@@ -17,6 +17,16 @@ it asks again) shows the lanes' text at the end, or as soon as it asks again.
 
 The feeds of running comparisons are found by run token in the app's page registry
 (:class:`playground.ui.page_session.PageSessions`), which the page's routes answer from.
+
+Where a run's first token waits: the feed keeps the monotonic moments of the run's way to it
+(:meth:`LiveFeed.mark`: the Run event entered, the first frame handed to Gradio and the
+handler resumed after it, the runner attached, the first poll served), the runner's own
+``marks`` (:class:`playground.runner.Runner`: started, the first lane and every lane
+prepared, the first step, the first publish after it), the first poll that found a lane to
+show (``ready``) and its answer (``answered``). That answer carries them, once, as ``"t":
+{"event_ms": <wall clock of the Run event, ms>, "<mark>": <ms after it>, ...}``; the page's
+script keeps them beside its own marks (``window.__pgLive``), and ``playground bench --suite
+ui`` reads both and reports the first token's time part by part.
 """
 
 from __future__ import annotations
@@ -67,12 +77,43 @@ class LiveFeed:
         self._sent: dict[int, tuple[str, str]] = {}  # lane -> (output, stats) the page shows
         self._sig: dict[int, tuple[Any, ...]] = {}  # lane -> lane_signature of what was sent
         self.attached_at = 0.0
+        self.marks: dict[str, float] = {}  # the run's way to its first token (time.monotonic)
+        self.event_wall = time.time()  # the wall clock at marks["event"], to align with the page's
+        self._timed = False  # the marks have been sent
+
+    def mark(self, name: str, at: float | None = None) -> None:
+        """Record when the run reached ``name`` (now, or monotonic ``at``); the first time counts.
+        ``"event"`` (the Run event entered) is the origin of the times the page is sent."""
+        at = time.monotonic() if at is None else at
+        if name == "event":
+            self.event_wall = time.time() - (time.monotonic() - at)
+        self.marks.setdefault(name, at)
+
+    @property
+    def shown(self) -> bool:
+        """Whether the page has been sent a lane to show (the run's first text is on its way)."""
+        return self._timed
+
+    def wait_shown(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for :attr:`shown` (or the feed's end); whether it is."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._timed or self.closed, timeout)
+            return self._timed
+
+    def timings(self) -> dict[str, float]:
+        """The marks (the feed's and its runner's) in ms after the Run event, with the event's
+        wall clock in ms (``event_ms``), as the first answer that shows a lane carries them."""
+        marks = {**(getattr(self.runner, "marks", None) or {}), **self.marks}
+        origin = marks.get("event", min(marks.values(), default=0.0))
+        out = {k: round((v - origin) * 1000.0, 1) for k, v in sorted(marks.items(), key=lambda kv: kv[1])}
+        return {"event_ms": round(self.event_wall * 1000.0, 1), **out}
 
     def attach(self, runner: Any) -> None:
         """The run's runner exists: polls can be answered."""
         with self._cond:
             self.runner = runner
             self.attached_at = time.monotonic()
+            self.mark("attached", self.attached_at)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -101,6 +142,7 @@ class LiveFeed:
             self._serve.release()
 
     def _poll(self, seq: int, timeout: float) -> dict[str, Any]:
+        self.mark("polled")
         deadline = time.monotonic() + timeout
         with self._cond:
             while self.runner is None and not self.closed:
@@ -132,6 +174,8 @@ class LiveFeed:
             if not ready:  # wake when the placeholders are due, if no token comes first
                 rest = min(rest, max(0.001, self.attached_at + FIRST_WAIT_S - time.monotonic()))
             runner.wait(version, rest)
+        if any(showable(t) for _j, t in changed):
+            self.mark("ready")  # a lane to show: what follows is rendering the answer
         lanes = []
         for j, trace in changed:
             self._sig[j] = lane_signature(trace)
@@ -146,7 +190,14 @@ class LiveFeed:
             self._sent[j] = (html, stats)
         self.seq += 1
         done = closed or (runner.finished and version == runner.latest()[0])
-        return {"seq": self.seq, "lanes": lanes, "done": done}
+        answer: dict[str, Any] = {"seq": self.seq, "lanes": lanes, "done": done}
+        if not self._timed and any(showable(t) for _j, t in changed):
+            self.mark("answered")
+            answer["t"] = self.timings()
+            with self._cond:
+                self._timed = True
+                self._cond.notify_all()
+        return answer
 
 
 def valid_token(token: Any) -> bool:

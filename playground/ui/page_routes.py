@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, Awaitable, Callable
 
-from anyio import to_thread
+from anyio import sleep, to_thread
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -34,6 +35,12 @@ MAX_BODY = 1024  # every value is a run token with a number or two
 # one school address shares it, so it is sized for a room, not a browser: each page holds one
 # poll, and a poll of a run that is not running never waits at all (live_feed.py).
 MAX_PER_CLIENT = 64
+# The page's first poll of a run leaves before the Run request does (the page names the run):
+# it waits, in the event loop and holding no thread, this long at most for the Run event to
+# register the run, so the first text is answered as soon as it is there instead of at the
+# page's next retry (which a browser busy drawing the Run's first frame sent late).
+EARLY_WAIT_S = 1.0
+EARLY_TICK_S = 0.005
 
 
 class TooLarge(Exception):
@@ -125,10 +132,17 @@ def feed_routes(sessions: PageSessions) -> tuple[Callable[[Any], Awaitable[Any]]
     async def live(request: Any) -> Any:
         """The page's poll of its run's live feed (see :meth:`PageSessions.poll_feed`).
 
-        A poll for a run that is not registered is answered at once, in the event loop; only a
-        registered run's poll waits, in a worker thread, for something new to show."""
+        A poll for a run that is not registered is answered in the event loop: at once for a run
+        that has ended or a malformed token, after up to :data:`EARLY_WAIT_S` for a run that may
+        be about to start; only a registered run's poll waits, in a worker thread, for something
+        new to show."""
         value = await _value(request)
         feed, seq = sessions.find_feed(value)
+        if feed is None and sessions.may_start(value):
+            deadline = time.monotonic() + EARLY_WAIT_S
+            while feed is None and time.monotonic() < deadline:
+                await sleep(EARLY_TICK_S)
+                feed, seq = sessions.find_feed(value)
         answer = await to_thread.run_sync(feed.poll, seq) if feed is not None else {"unknown": True}
         return JSONResponse(answer, headers={"Cache-Control": "no-store"})
 

@@ -15,6 +15,7 @@ ends when the page goes (``demo.unload``) or, for a page that never said goodbye
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from playground.core.errors import PlaygroundError
 from playground.ui.live_feed import LiveFeed, Render, valid_token
 
 IDLE_S = 6 * 3600.0  # a page with no event for this long (and no run) is forgotten
+ENDED_KEPT = 4096  # ended run tokens remembered, so a late poll of one hears "unknown" at once
 BUSY_MESSAGE = "a comparison is already running in this page: press Stop first, or wait for it to finish"
 
 
@@ -117,6 +119,7 @@ class PageSessions:
         self._lock = threading.RLock()
         self._pages: dict[str, PageSession] = {}
         self._tokens: dict[str, PageSession] = {}  # run token -> the page whose run it names
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()  # the newest ENDED_KEPT
 
     # ---------------------------------------------------------------- lifetime
     def page(self, key: str) -> PageSession:
@@ -197,6 +200,10 @@ class PageSessions:
         no longer served, its picked step is forgotten."""
         with self._lock:
             page = self._tokens.pop(token, None)
+            if page is not None:
+                self._ended[token] = None
+                while len(self._ended) > ENDED_KEPT:
+                    self._ended.popitem(last=False)
             feed = None
             if page is not None and page.token == token:
                 feed, page.token, page.feed, page.flow = page.feed, None, None, None
@@ -217,6 +224,13 @@ class PageSessions:
             page = self._tokens.get(token)
             feed = page.feed if page is not None and page.token == token else None
         return feed, (int(seq) if seq.isdigit() and len(seq) < 12 else -1)
+
+    def may_start(self, value: Any) -> bool:
+        """Whether a poll ``"<run token>:<seq>"`` names a run that is not registered but may be
+        about to be (a well-formed token that has not named a run that ended)."""
+        token = str(value or "")[:100].rpartition(":")[0]
+        with self._lock:
+            return valid_token(token) and token not in self._tokens and token not in self._ended
 
     def poll_feed(self, value: Any) -> dict[str, Any]:
         """The page's poll, ``"<run token>:<seq>"``: the feed's answer.

@@ -53,7 +53,10 @@
   }
   const bytes = crypto.getRandomValues(new Uint8Array(16));
   const tok = Array.from(bytes, (x) => x.toString(16).padStart(2, '0')).join('');
-  const live = window.__pgLive = {tok, seq: 0, seen: false, misses: 0};
+  // t: when this run's first token got where (performance.now(): this script ran, the first
+  // poll left, the first answer of a known run came, the first answer with a lane came and was
+  // patched in); server: the server's own marks, sent with that answer (live_feed.py)
+  const live = window.__pgLive = {tok, seq: 0, seen: false, misses: 0, t: {flow: performance.now()}, server: null};
   // Patch one answer into the lanes. An append goes at the end of the lane's tokens only if
   // the element is still the one this run wrote (Gradio may have replaced it); otherwise the
   // next poll asks for every lane whole.
@@ -81,11 +84,13 @@
   const poll = () => {
     if (window.__pgLive !== live) return;  // a newer run reads its own feed
     const asked = performance.now();
+    if (live.t.poll === undefined) live.t.poll = asked;
     post('live', tok + ':' + live.seq).then((r) => r.json()).then((ans) => {
       // an answer that arrives after the run's last frame (sent before Stop) is stale
       if (window.__pgLive !== live || document.querySelector('#status [data-run-end="' + tok + '"]')) return;
       if (ans.unknown) {
-        // not started yet (queued, or the poll overtook the Run), or over: a run once seen
+        // not started yet (queued past the server's wait for a poll that overtook the Run,
+        // page_routes.EARLY_WAIT_S), or over: a run once seen
         // has ended; one never seen is asked for again every 25 ms for its first two seconds
         // (the feed is the lanes' only text path, so this wait is part of the first token's),
         // then ten times a second, for about a minute (the server answers such a poll at once)
@@ -93,8 +98,11 @@
         return;
       }
       if (ans.busy) { setTimeout(poll, 100); return; }  // another poll of this run is being served
+      if (!live.seen) live.t.known = performance.now();
       live.seen = true;
+      if (ans.t) { live.t.answer = performance.now(); live.server = ans.t; }
       live.seq = apply(ans) ? -1 : ans.seq;
+      if (ans.t) live.t.applied = performance.now();
       if (ans.done) return;
       // ask again once this answer is drawn, and not more than POLL_HZ times a second (a
       // hidden tab draws nothing and asks again when it is shown; the run's last frame

@@ -72,6 +72,12 @@ JOIN_S = 30.0  # how long a closed stream waits for its worker to end (it stops 
 # drawn queued up in the browser, and a click on Stop waited behind that queue until the run
 # had ended (issue 10). At most FLOW_WINDOW frames are in flight; FLOW_WAIT_S bounds the
 # wait for one acknowledgement (a lost one only slows the stream down, never stalls it).
+# The stream's frames wait (up to FIRST_HOLD_S after Run) until the live feed has answered with
+# the first lane text: each frame costs the browser a walk over every component, and the
+# browser handles them in order, so a legend or status frame sent just before the first
+# answer delayed the first token by as long as the browser took to draw it (profile in
+# docs/benchmarks.md, ui section). The first frame (Run disabled, Stop enabled) is not held.
+FIRST_HOLD_S = 1.5
 FLOW_WINDOW = 3  # one was too few: a short run (3 lanes x 48 tokens) ended before a second frame
 FLOW_WAIT_S = 3.0
 
@@ -209,6 +215,7 @@ class RunHandlers:
         The steps: read and check the inputs, open the run (its token, feed and frame flow),
         stream its frames, then save it and send the last frame.
         """
+        entered = time.monotonic()  # the first token's clock (LiveFeed.mark)
         req = read_run_inputs(self.ui, args)
         try:
             seed_i, mnt = st.check_page(req.page_model, req.prompt, req.seed, req.max_new, req.lanes)
@@ -225,7 +232,15 @@ class RunHandlers:
             yield {self.ui.status: status_html(BUSY_MESSAGE, "error")}
             return
         run = self._open_run(req, key)
-        yield self._first_frame(req, run)
+        if run.feed is not None:
+            run.feed.mark("event", entered)
+            run.feed.mark("opened")
+        first = self._first_frame(req, run)
+        if run.feed is not None:
+            run.feed.mark("first_frame")
+        yield first
+        if run.feed is not None:
+            run.feed.mark("resumed")  # Gradio has sent the first frame and asks for the next
         page.selected = None
         stream = page_race(req.page_model, req.prompt, seed_i, mnt, req.policy, req.lanes, page, req.watch)
         try:
@@ -315,6 +330,12 @@ class RunHandlers:
                     gr.Warning(f"lane {j + 1}: {err}")
             if runner is not None and runner.finished:
                 continue  # the final frame is drawn in full by on_run
+            rest = FIRST_HOLD_S - (time.perf_counter() - run.started)
+            if run.feed is not None and runner is not None and not run.feed.shown and rest > 0:
+                # the first text goes first; this frame's news goes with the next one
+                while rest > 0 and not (runner.finished or runner.cancelled or run.feed.wait_shown(min(rest, 0.05))):
+                    rest = FIRST_HOLD_S - (time.perf_counter() - run.started)
+                continue
             now = time.perf_counter()
             up = self.inspector.legend_updates(traces, req.metric, legends)
             if not up and now - last_status < STATUS_S and not pacer.due("strip", now):
