@@ -390,16 +390,9 @@ class BranchPanel:
             if not sid:
                 raise PlaygroundError("this comparison is not stored yet: run it (or open a session) first")
             bid = run_canvas(str(sid), t.lane, t.step, hand_commit(positions, at, token), owner_key)
-        except PlaygroundError as e:
-            return {self.status: status_html(one_line(str(e)), "error"), **done}
-        except Exception as e:  # noqa: BLE001 - a bug is one line in the page; the log has the traceback
-            log.exception("canvas branch failed")
-            return {self.status: status_html(one_line(f"the branch failed: {type(e).__name__}: {e}"), "error"),
-                    **done}
-        up = self.open_session(bid)
-        up[self.status] = status_html(branch_note(default_store().load_session(bid)), "ok")
-        up.update(done)
-        return up
+        except Exception as e:  # noqa: BLE001 - every failure is one line (failed)
+            return self.failed(e, done, "canvas branch")
+        return self.opened(bid, done)
 
     def on_click(self, traces: list[dict[str, Any]] | None, lane: Any, evt: gr.EventData) -> dict[Any, Any]:
         """A token was clicked: branch from its lane and step (the panel opens)."""
@@ -442,14 +435,20 @@ class BranchPanel:
                 raise PlaygroundError("this comparison is not stored yet: run it (or open a session) first")
             token = pick_token(list(traces or []), t, choice, typed)
             bid = run_branch(str(sid), t.lane, token, t.step, scope if scope in ("one", "all") else "one", owner_key)
-        except PlaygroundError as e:
-            return {self.status: status_html(one_line(str(e)), "error"), **done}
-        except Exception as e:  # noqa: BLE001 - a bug is one line in the page; the log has the traceback
-            log.exception("branch failed")
-            return {self.status: status_html(one_line(f"the branch failed: {type(e).__name__}: {e}"), "error"),
-                    **done}
-        up = self.open_session(bid)
+        except Exception as e:  # noqa: BLE001 - every failure is one line (failed)
+            return self.failed(e, done, "branch")
+        return self.opened(bid, done)
 
+    def failed(self, e: Exception, done: dict[Any, Any], what: str) -> dict[Any, Any]:
+        """A branch that could not run, as one status line (a bug also goes to the log with its traceback)."""
+        if isinstance(e, PlaygroundError):
+            return {self.status: status_html(one_line(str(e)), "error"), **done}
+        log.exception("%s failed", what, exc_info=e)
+        return {self.status: status_html(one_line(f"the branch failed: {type(e).__name__}: {e}"), "error"), **done}
+
+    def opened(self, bid: str, done: dict[Any, Any]) -> dict[Any, Any]:
+        """The stored branch ``bid`` opened in the page, its note in the status line."""
+        up = self.open_session(bid)
         up[self.status] = status_html(branch_note(default_store().load_session(bid)), "ok")
         up.update(done)
         return up
