@@ -200,11 +200,12 @@ def dist_evidence(view: Any, raw_logits: torch.Tensor, final_probs: torch.Tensor
         top.append(int(chosen))
     rank = int((raw > raw[chosen]).sum().item())
     kept = float((final_probs > 0).float().mul(raw).sum().item())
+    at = torch.tensor(top)  # one gather per vector, not one indexing per token: this runs every step
     return {
         "top_ids": top,
         "top_tokens": [view_token(view, t) for t in top],
-        "raw_probs": [round(float(raw[t]), 6) for t in top],
-        "final_probs": [round(float(final_probs[t]), 6) for t in top],
+        "raw_probs": [round(x, 6) for x in raw[at].tolist()],
+        "final_probs": [round(x, 6) for x in final_probs[at].tolist()],
         "entropy": round(entropy_of(raw_logits), 5),
         "chosen": int(chosen),
         "chosen_rank": rank,

@@ -229,6 +229,22 @@ def wait_running(page: Any, timeout_ms: int = 120_000) -> None:
                            " return s && /^Running/.test(s.innerText.trim()); }", timeout=timeout_ms)
 
 
+# The run started by the latest Run press (a flow token other than `before`) is decoding, or
+# has already ended: a short run on an idle machine can go from its first frame to Done
+# between two of the driver's polls, so "Running" alone may never be seen.
+RUN_STARTED_JS = """(before) => { const l = window.__pgLive; if (!l || l.tok === before) return false;
+  const s = document.querySelector('#status .pg-status');
+  return (!!s && /^Running/.test(s.innerText.trim()))
+    || !!document.querySelector('#status [data-run-end="' + l.tok + '"]'); }"""
+
+
+def press_run(page: Any, timeout_ms: int = 120_000) -> None:
+    """Click Run and wait until that run is decoding or over (see ``RUN_STARTED_JS``)."""
+    before = page.evaluate("() => window.__pgLive ? window.__pgLive.tok : null")
+    page.click("#run")
+    page.wait_for_function(RUN_STARTED_JS, arg=before, timeout=timeout_ms)
+
+
 def seconds_in_status(text: str) -> float | None:
     """The X of "Done in X s" / "Stopped in X s" (None when the status has no such figure)."""
     m = re.search(r"(?:Done|Stopped) in ([0-9.]+) ?s", text)

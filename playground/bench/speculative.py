@@ -105,14 +105,19 @@ def _forward_ms(handle: Any, n: int = 60) -> float:
     return 1000 * times[len(times) // 2]
 
 
-def _count(model: torch.nn.Module) -> tuple[dict[str, int], Callable[[], None]]:
-    """Count calls of ``model.forward``; returns the counter and an undo function."""
-    calls = {"n": 0}
+def _count(model: torch.nn.Module) -> tuple[dict[str, float], Callable[[], None]]:
+    """Count calls of ``model.forward`` (``n``) and the seconds spent in them (``s``); returns
+    the counter and an undo function."""
+    calls: dict[str, float] = {"n": 0, "s": 0.0}
     orig = model.forward
 
     def counting(*a: Any, **k: Any) -> Any:
         calls["n"] += 1
-        return orig(*a, **k)
+        t0 = time.perf_counter()
+        try:
+            return orig(*a, **k)
+        finally:
+            calls["s"] += time.perf_counter() - t0
 
     model.forward = counting
 
@@ -128,17 +133,25 @@ def _ours(target: Any, draft: Any, decoder: str, prompt: str, n: int, temp: floa
     params = dict(knobs)
     if "temperature" in cls.params:
         params["temperature"] = temp
-    # Timed from the prompt text, as _hf: preparation (tokenising, set-up) is inside on both sides.
-    t0 = time.perf_counter()
-    r = prepare(model=target, decoder=decoder, prompt=prompt, max_new_tokens=n, seed=seed,
-                draft=draft if cls.needs_draft else None, params=params)
-    r.ctx.stop_ids = set()  # fixed length, as transformers with eos_token_id=None
-    tr = r.finish()
-    wall = time.perf_counter() - t0
+    # the seconds inside the models' forwards, timed as _hf times transformers' (the same wrapper)
+    tc, undo_t = _count(target.model)
+    dc, undo_d = _count(draft.model)
+    try:
+        # Timed from the prompt text, as _hf: preparation (tokenising, set-up) is inside on both sides.
+        t0 = time.perf_counter()
+        r = prepare(model=target, decoder=decoder, prompt=prompt, max_new_tokens=n, seed=seed,
+                    draft=draft if cls.needs_draft else None, params=params)
+        r.ctx.stop_ids = set()  # fixed length, as transformers with eos_token_id=None
+        tr = r.finish()
+        wall = time.perf_counter() - t0
+    finally:
+        undo_t()
+        undo_d()
     s = tr.stats
     return {"out": tr.output_ids, "prompt_ids": tr.prompt_ids, "new": s["new_tokens"], "tf": s["target_forwards"],
             "df": s["draft_forwards"], "wall": wall, "acc": s.get("accepted_tokens", 0),
-            "drafted": s.get("drafted_tokens", 0), "verifications": s.get("verifications", 0)}
+            "drafted": s.get("drafted_tokens", 0), "verifications": s.get("verifications", 0),
+            "t_s": tc["s"], "d_s": dc["s"] if cls.needs_draft else 0.0}
 
 
 def _hf(target: Any, draft: Any, prompt: str, n: int, temp: float, how: str, seed: int) -> dict[str, Any]:
@@ -166,15 +179,16 @@ def _hf(target: Any, draft: Any, prompt: str, n: int, temp: float, how: str, see
         undo_t()
         undo_d()
     new = out[0, len(prompt_ids):].tolist()
-    return {"out": new, "new": len(new), "tf": tc["n"], "df": dc["n"] if how == "assisted" else 0, "wall": wall}
+    return {"out": new, "new": len(new), "tf": tc["n"], "df": dc["n"] if how == "assisted" else 0, "wall": wall,
+            "t_s": tc["s"], "d_s": dc["s"] if how == "assisted" else 0.0}
 
 
 def _agg(rows: list[dict[str, Any]]) -> dict[str, float]:
     new = sum(r["new"] for r in rows)
     tf = sum(r["tf"] for r in rows)
     return {"new": new, "tf": tf, "tpf": new / tf if tf else 0.0, "df": sum(r["df"] for r in rows),
-            "wall": sum(r["wall"] for r in rows),
-            **_figures(rows)}
+            "wall": sum(r["wall"] for r in rows), "t_s": sum(r.get("t_s", 0.0) for r in rows),
+            "d_s": sum(r.get("d_s", 0.0) for r in rows), **_figures(rows)}
 
 
 def _figures(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -300,6 +314,24 @@ def run_suite(args: argparse.Namespace) -> str:
             lines.append(f"| {ours} | {theirs} | {temp:g} | {a['tpf']:.2f} | {h['tpf']:.2f} | "
                          f"{'yes' if a['tpf'] >= h['tpf'] else 'no'} | {a['df']} | {h['df']} | "
                          f"{a['wall']:.2f} | {h['wall']:.2f} | {a['wall'] / h['wall']:.2f} | {ident} |")
+    lines.append("")
+    # where the wall time goes: inside the models' forwards, and the rest (each loop's own work)
+    lines += ["### Where the time goes (the same runs)", "",
+              "Seconds summed over the prompts: inside the target's forwards, inside the draft's, and the rest — "
+              "for ours the drafting control, verification, drawing with the run's common random numbers and the "
+              "evidence every step records (distributions' top-K, the draft tree, acceptance side by side); for "
+              "transformers their loop (candidate handling, logits processing, cache bookkeeping). Per target "
+              "forward: the rest divided by the target forwards.", "",
+              "| decoder | T | wall s | target forwards s | draft forwards s | the rest s | the rest per target forward (ms) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for label, rows in (("speculative", "ours"), ("spec_tree", "ours"), ("prompt_lookup", "ours"),
+                        ("assisted", "hf"), ("lookup", "hf")):
+        for temp in (0.0, 1.0):
+            a = _agg(results[(label, temp)] if rows == "ours" else hf[(label, temp)])
+            rest = a["wall"] - a["t_s"] - a["d_s"]
+            name = label if rows == "ours" else f"transformers {label}"
+            lines.append(f"| {name} | {temp:g} | {a['wall']:.2f} | {a['t_s']:.2f} | {a['d_s']:.2f} | {rest:.2f} | "
+                         f"{1000 * rest / a['tf'] if a['tf'] else 0.0:.2f} |")
     lines.append("")
     # per prompt kind at T=0 (where lookup methods shine)
     lines += ["### Tokens per target forward by prompt kind (T=0)", "",
