@@ -15,6 +15,21 @@ import torch
 pytest_plugins = ["browser_helpers"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n``, on by default in pyproject.toml): each test module runs on one
+    worker (``--dist loadgroup``), so its module fixtures are built once. A worker that runs
+    browser modules starts its own app and Chromium (session fixtures of browser_helpers). One
+    worker for every browser test was tried: their half hour in a row was then the whole
+    suite's time, the other worker idle for most of it."""
+    if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # the longest modules first (the browser ones: a minute to several each), so that the last
+    # module handed out is a short one and the workers finish together; a module stays in order
+    items.sort(key=lambda item: item.get_closest_marker("browser") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Tiny models run fastest on one thread; on a shared 2-core machine extra threads only spin."""
