@@ -3,7 +3,8 @@ when the app is built.
 
 Each file holds one snippet that a Gradio event or component runs in the browser: a function
 expression for an event's ``js=`` (``run_flow.js``, ``busy_notice.js``, ``highlight_step.js``,
-``highlight_position.js``, ``focus_lane.js``, ``owner.js``) or the body a ``gr.HTML``'s
+``highlight_position.js``, ``focus_lane.js``, ``owner.js``, ``lazy_plots.js``: plots drawn
+when they come into view) or the body a ``gr.HTML``'s
 ``js_on_load`` runs (``token_click.js``).
 """
 

@@ -23,8 +23,13 @@ from playground.ui.html import esc, md_text, stats_html, status_html
 from playground.ui.inspector import InspectorHandlers
 from playground.ui.lane_config import LaneHandlers
 from playground.ui.layout import Layout
+from playground.ui.page_js import page_js
 from playground.ui.page_session import PageSession, PageSessions, session_key
 from playground.ui.updates import insp_header, slot_updates
+
+
+# Installed before the first figure arrives: holds each plot's first drawing until it is in view.
+LAZY_PLOTS_JS = page_js("lazy_plots.js")
 
 
 def branch_line(branch: dict[str, Any], parent_title: str | None) -> str:
@@ -51,6 +56,10 @@ class ReplayHandlers:
         # built, a second frame cost Chromium more than it saved (measured: every plot drawn
         # 8.4-12.2 s after navigation in one frame, 12.4-13.5 s in two, the text ~0.5 s sooner).
         demo.load(self.on_load, None, self.ui.page_outputs(), show_progress="hidden")
+        # Each plot is drawn when it comes into view (lazy_plots.js): the frame above carries
+        # every figure, but drawing them all cost ~200 ms of the browser's time each, and a
+        # showdown's 26 sit below the fold.
+        demo.load(None, None, None, js=LAZY_PLOTS_JS)
 
     def on_load(self, request: gr.Request) -> dict[Any, Any]:
         """Page load: replay ``?session=<id>`` if given, else show the default preset."""
