@@ -169,3 +169,25 @@ def test_the_pages_own_figure_is_read_from_its_status_line():
     assert seconds_in_status("Done in 4.8 s. Saved — press Share for a link.") == 4.8
     assert seconds_in_status("Stopped in 12.0 s.") == 12.0
     assert seconds_in_status("Running… 3 of 5 lanes still decoding (2.1 s)") is None
+
+
+def test_the_tests_suite_reads_pytests_counts_seconds_and_slowest_tests():
+    from playground.bench import tests as suite_time
+
+    out = suite_time.parse_output(
+        "....F.\n"
+        "============================= slowest 3 durations =============================\n"
+        "12.50s call     tests/test_a.py::test_x[1]\n"
+        "194.80s call     tests/test_browser.py::test_several_people\n"
+        "3.01s setup    tests/test_b.py::test_y\n"
+        "=========================== short test summary info ============================\n"
+        "FAILED tests/test_browser_memory.py::test_the_page - TimeoutError\n"
+        "1 failed, 4005 passed, 2 skipped, 83 warnings in 1816.00s (0:30:16)\n")
+    assert out["counts"] == {"failed": 1, "passed": 4005, "skipped": 2, "warnings": 83}
+    assert out["seconds"] == 1816.0
+    assert [t for _s, _p, t in out["slowest"]] == ["tests/test_browser.py::test_several_people",
+                                                   "tests/test_a.py::test_x[1]", "tests/test_b.py::test_y"]
+    assert suite_time._verdict({"counts": out["counts"], "wall": 60.0}, 480.0).startswith("failed")
+    assert suite_time._verdict({"counts": {"passed": 3}, "wall": 500.0}, 480.0) == "missed"
+    assert suite_time._verdict({"counts": {"passed": 3}, "wall": 400.0}, 480.0) == "met"
+    assert "tests" in suites()
