@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.bench import machine_line
+from playground.bench.overhead import load_average
 from playground.core.errors import PlaygroundError
 
 DESCRIPTION = "the test suite's wall time: the README's command and the quick loop"
@@ -32,11 +33,6 @@ SLOWEST = 8
 _SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<s>[0-9.]+)s")
 # a --durations line, e.g. "194.80s call     tests/test_browser.py::test_several_people"
 _DURATION = re.compile(r"^(?P<s>[0-9.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S+)")
-
-
-def load_average() -> float:
-    """The 1-minute load average (NaN where the platform has none)."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def parse_output(text: str) -> dict[str, Any]:
@@ -71,7 +67,7 @@ def _time_pytest(extra: list[str]) -> dict[str, Any]:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         raise PlaygroundError(f"pytest {' '.join(extra)} gave no summary (exit {proc.returncode}): "
                               + " / ".join(tail))
-    return {**out, "wall": wall, "load": (load0, load_average()), "rc": proc.returncode}
+    return {**out, "wall": wall, "load": (load0, load_average())}
 
 
 def _workers() -> str:

@@ -4,12 +4,12 @@
   // drawing them took most of the replay (~200 ms of plotly per figure, one after the other,
   // before the page answered a click). Here a plot's first drawing waits until it comes near
   // the viewport (or is opened: a closed accordion's or hidden tab's plot is out of view);
-  // the newest figure sent meanwhile is the one drawn. Half a second after the last figure
-  // came in (or the last plot was drawn on sight), the plots still waiting are drawn one per
-  // idle moment, nearest first: the page answers clicks and scrolls between two of them, a plot
-  // scrolled to jumps the queue, and every figure is drawn about as soon as before (so a page
-  // read by a script, screenshots or tests, gets them all). A plot already drawn is redrawn at
-  // once, as before.
+  // the newest figure sent meanwhile is the one drawn. Shortly after the last figure came in
+  // (or the last plot was drawn on sight), the plots still waiting are drawn one per task,
+  // nearest first: the page answers clicks and scrolls between two of them, a plot scrolled to
+  // jumps the queue, and every figure is drawn about as soon as before (so a page read by a
+  // script, screenshots or tests, gets them all). A plot already drawn is redrawn at once, as
+  // before.
   if (window.__pgLazyPlots) return [];
   const MARGIN_PX = 200;  // start a little before the plot scrolls in
   const QUIET_MS = 150;  // after the last figure or on-sight drawing, the rest are drawn
