@@ -12,6 +12,7 @@ import pytest
 
 from playground.bench import suites, write_section
 from playground.bench import overhead
+from playground.bench import tests as suite_time
 from playground.cli import main
 
 
@@ -172,8 +173,6 @@ def test_the_pages_own_figure_is_read_from_its_status_line():
 
 
 def test_the_tests_suite_reads_pytests_counts_seconds_and_slowest_tests():
-    from playground.bench import tests as suite_time
-
     out = suite_time.parse_output(
         "....F.\n"
         "============================= slowest 3 durations =============================\n"
