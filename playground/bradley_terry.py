@@ -15,6 +15,14 @@ games against a fixed reference of strength 1, winning half of them — a weak s
 prior (the MAP estimate) that keeps every strength finite and pulls the unmeasured ones to
 the reference. ``prior=0`` is the plain MLE, for data that is connected both ways.
 
+With a prior, the MM step alone creeps along the one direction the real games say nothing
+about — the common scale of every strength, which only the weak prior pins — and took the
+10,000-iteration cap on a two-item table of 400 games (delta still 1e-9). After each MM step
+the strengths are therefore rescaled to the posterior's best common scale (a one-dimensional
+root, :func:`best_scale`): the games' likelihood does not change under a common scale, so
+this step too can only raise the posterior, and the fixed point is the same; the same table
+converges in a dozen iterations.
+
 Scores are reported on the log scale, centred so their mean is 0 (only differences are
 identified). The 95 % interval of each score is a percentile bootstrap over the *ballots*
 (resampled with replacement, a fixed seed, so a Results view is the same on every load):
@@ -98,6 +106,9 @@ def fit_strengths(items: list[Hashable], comps: Sequence[Comparison], prior: flo
         if prior == 0:  # only ratios are identified: fix the geometric mean
             g = math.exp(sum(math.log(x) for x in new) / k)
             new = [x / g for x in new]
+        else:  # the scale only the prior pins, set at its best at once
+            c = best_scale([math.log(x) for x in new])
+            new = [x * c for x in new]
         delta = max(abs(math.log(a) - math.log(b)) for a, b in zip(new, p))
         p = new
         if delta < TOL:
@@ -106,6 +117,30 @@ def fit_strengths(items: list[Hashable], comps: Sequence[Comparison], prior: flo
         g = math.exp(sum(math.log(x) for x in p) / k)
         p = [x / g for x in p]
     return p, it
+
+
+def best_scale(logs: list[float]) -> float:
+    """The common factor c that maximises the prior's share of the posterior for strengths
+    ``exp(logs)``: Σ_i [½ log(c π_i) − log(c π_i + 1)], whose stationary point solves
+    Σ_i tanh((log π_i + log c) / 2) = 0 — a strictly increasing function of log c, solved by
+    Newton's method from the geometric mean (bisection bounds keep every step inside)."""
+    lo, hi = -max(logs) - 40.0, -min(logs) + 40.0  # the root lies between: every tanh at ±1
+    t = -sum(logs) / len(logs)
+    for _ in range(60):
+        th = [math.tanh((x + t) / 2.0) for x in logs]
+        g = sum(th)
+        if g > 0:
+            hi = t
+        else:
+            lo = t
+        slope = sum(0.5 * (1.0 - v * v) for v in th)
+        step = t - g / slope if slope > 0 else (lo + hi) / 2.0
+        t_next = step if lo < step < hi else (lo + hi) / 2.0
+        if abs(t_next - t) < 1e-13:
+            t = t_next
+            break
+        t = t_next
+    return math.exp(t)
 
 
 def fit(comps: Sequence[Comparison], prior: float = 1.0) -> Fit:

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from playground.bradley_terry import bootstrap_intervals, fit, fit_strengths, win_probability
+from playground.bradley_terry import best_scale, bootstrap_intervals, fit, fit_strengths, win_probability
 
 
 def _table(counts: dict[tuple[str, str], int]) -> list[tuple[str, str, float]]:
@@ -113,3 +113,25 @@ def test_bootstrap_interval_covers_the_fit_and_narrows_with_more_ballots():
     assert (hi - lo) < (ci_few["a"][1] - ci_few["a"][0])
     assert bootstrap_intervals(many, ["a", "b"]) == ci_many  # fixed seed: the same on every load
     assert bootstrap_intervals(few[:1], ["a", "b"])["a"] == (-math.inf, math.inf)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_fit_is_the_posteriors_stationary_point_in_few_iterations(seed):
+    # a lopsided table: the scale only the prior pins used to take the 10,000-iteration cap
+    rng = random.Random(seed)
+    items = ["a", "b", "c", "d"]
+    skill = {"a": 2.0, "b": 0.5, "c": 0.0, "d": -1.5}
+    comps = []
+    for _ in range(600):
+        x, y = rng.sample(items, 2)
+        comps.append((x, y, 1.0 if rng.random() < win_probability(skill[x], skill[y]) else 0.0))
+    p, iterations = fit_strengths(items, comps, prior=1.0)
+    assert iterations < 200
+    pi = [x * best_scale([math.log(v) for v in p]) for x in p]  # the MAP's own scale
+    index = {it: k for k, it in enumerate(items)}
+    grad = [0.5 - v / (v + 1.0) for v in pi]  # one virtual game against the reference, half won
+    for a, b, out in comps:
+        i, j = index[a], index[b]
+        grad[i] += out - pi[i] / (pi[i] + pi[j])
+        grad[j] += (1.0 - out) - pi[j] / (pi[i] + pi[j])
+    assert max(abs(g) for g in grad) < 1e-6
