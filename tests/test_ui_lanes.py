@@ -128,6 +128,19 @@ def test_max_new_tokens_shows_the_models_budget(page, tiny):
     assert prop(up, page.max_new, "info").startswith(f"⚠ max new tokens {left + 1} is over the budget of {left}")
 
 
+def test_a_preset_or_session_writes_its_own_budget_note(page, tiny):
+    # the box listens to user edits only: what a preset or opened session sets carries its note
+    page.on_model("tiny-llama", "", "ROMEO:", 8)
+    pg = st.preset_page("greedy-beam-sampling")
+    pg = {**pg, "model": "tiny-llama", "prompt": "ROMEO:"}
+    left = tiny.context_length - len(tiny.encode("ROMEO:"))
+    up = page.config_updates({**pg, "max_new_tokens": 8})
+    assert prop(up, page.max_new, "value") == 8
+    assert prop(up, page.max_new, "info").startswith(f"up to {min(left, 1024)} (")
+    up = page.config_updates({**pg, "max_new_tokens": left + 1})
+    assert prop(up, page.max_new, "info").startswith(f"⚠ max new tokens {left + 1} is over the budget of {left}")
+
+
 def test_a_run_beyond_the_budget_is_refused_before_anything_starts(page, tiny, db):
     page.on_model("tiny-llama", "", "ROMEO:", 8)
     left = tiny.context_length - len(tiny.encode("ROMEO:"))

@@ -86,6 +86,8 @@ def build_app() -> gr.Blocks:
         sandbox.wire(demo)
         sweep.wire(demo)
         results.wire(demo, results_tab)
+        # every tab has added what follows the shown comparison: one event for all of it
+        page.on_shown.wire(page.shown.change, show_progress="hidden")
 
         def page_gone(request: gr.Request) -> None:
             registry.end(session_key(request))  # the page closed or reloaded: its record (and any run) ends

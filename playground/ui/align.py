@@ -52,8 +52,7 @@ def wire_align(page: Layout, demo: gr.Blocks) -> None:
                         outs, show_progress="hidden", trigger_mode="always_last")
     page.position.change(None, [page.position, page.align], None, js=POSITION_HIGHLIGHT_JS)
     # A finished run (or an opened session) fills the traces: the position scrubber's range follows.
-    page.shown.change(lambda traces: position_range(page, traces), [page.traces], [page.position],
-                       show_progress="hidden")
+    page.on_shown.add(lambda traces: position_range(page, traces), [page.traces], [page.position])
     page.focus.change(None, [page.focus], None, js=FOCUS_JS)
 
 

@@ -295,9 +295,9 @@ class BranchPanel:
         self.lane.input(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
                         show_progress="hidden")
         # a finished run or an opened session (a branch too) fills the traces
-        page.shown.change(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
-                           show_progress="hidden")
-        page.sid.change(self.on_sid, [page.sid], [self.parent, self.parent_btn], show_progress="hidden")
+        page.on_shown.add(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs())
+        # the session id is only ever written with a new `shown`: the parent follows it there
+        page.on_shown.add(self.on_sid, [page.sid], [self.parent, self.parent_btn])
         # The status first, unqueued: the page says at once that the branch is on its way (it may
         # wait for a model slot); the model work follows in the shared model group.
         self.button.click(self.on_pressed, None, [self.status, self.button], queue=False, show_progress="hidden") \

@@ -56,3 +56,59 @@ def clicked_cell(evt: Any) -> tuple[int, int | None, int] | None:
     if not (whole(lane) and lane >= 1 and whole(pos) and (step is None or whole(step))):
         return None
     return lane - 1, step, pos
+
+
+class Fanout:
+    """Several handlers of one trigger, run as one Gradio event.
+
+    Each event a page runs costs its browser a pass over the loading status of every component
+    any earlier event wrote (Gradio's frontend), several times per event: five listeners of one
+    change were five such events at every replay and every run's end. Handlers are added with
+    their own inputs and outputs and keep their own signatures; :meth:`wire` attaches one event
+    that reads the union of the inputs, calls each handler with its own, and merges what they
+    return (a dict of updates, or the value of a handler's single output).
+    """
+
+    def __init__(self) -> None:
+        self._handlers: list[tuple[Callable[..., Any], list[Any], list[Any]]] = []
+        self._wired = False
+
+    def add(self, fn: Callable[..., Any], inputs: list[Any], outputs: list[Any]) -> None:
+        """Run ``fn(*inputs)`` in the event; it writes ``outputs``."""
+        if self._wired:
+            raise RuntimeError("Fanout.add after wire: the event is already attached")
+        self._handlers.append((fn, list(inputs), list(outputs)))
+
+    def inputs(self) -> list[Any]:
+        """Every handler's inputs, each component once, in the order first named."""
+        return _unique([c for _fn, ins, _outs in self._handlers for c in ins])
+
+    def outputs(self) -> list[Any]:
+        """Every handler's outputs, each component once, in the order first named."""
+        return _unique([c for _fn, _ins, outs in self._handlers for c in outs])
+
+    def __call__(self, *values: Any) -> dict[Any, Any]:
+        """Call each handler with its inputs' values (``values`` follow :meth:`inputs`) and
+        merge the updates; a later handler's update of a component wins."""
+        by_id = {id(c): v for c, v in zip(self.inputs(), values)}
+        up: dict[Any, Any] = {}
+        for fn, ins, outs in self._handlers:
+            got = fn(*[by_id[id(c)] for c in ins])
+            if isinstance(got, dict) and "__type__" not in got:  # {component: update}
+                up.update(got)
+            elif len(outs) == 1:  # the value (or gr.update) of its one output
+                up[outs[0]] = got
+            else:
+                up.update(zip(outs, got))
+        return up
+
+    def wire(self, trigger: Callable[..., Any], **settings: Any) -> None:
+        """Attach the one event to ``trigger`` (such as ``state.change``)."""
+        self._wired = True
+        if self._handlers:
+            trigger(nothing_is_skip(self.__call__), self.inputs(), self.outputs(), **settings)
+
+
+def _unique(items: list[Any]) -> list[Any]:
+    seen: set[int] = set()
+    return [c for c in items if not (id(c) in seen or seen.add(id(c)))]

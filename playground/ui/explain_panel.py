@@ -115,8 +115,7 @@ class ExplainPanel:
         for trigger in (page.step.input, self.lane.input):
             trigger(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
                     show_progress="hidden", trigger_mode="always_last")
-        page.shown.change(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs(),
-                          show_progress="hidden")
+        page.on_shown.add(self.on_pick, [page.traces, self.lane, page.step], self.pick_outputs())
         self.button.click(self.on_pressed, None, [self.status, self.button], queue=False, show_progress="hidden") \
             .then(self.on_explain, [page.sid, page.traces, self.lane, page.step, self.contrast, self.method,
                                     page.owner_key],

@@ -123,10 +123,13 @@ class LaneHandlers:
                 comp.input(partial(self.on_lane_setup, j), [ui.decoder, self.ui.traces, self.ui.lane_count],
                            [self.ui.status] + self.ui.lane_reset_outputs(j), show_progress="hidden")
         budget_inputs = [self.ui.model, self.ui.model_path, self.ui.prompt, self.ui.max_new]
-        self.ui.prompt.change(self.on_budget, budget_inputs, [self.ui.max_new], show_progress="hidden",
-                           trigger_mode="always_last")
-        self.ui.max_new.change(self.on_budget, budget_inputs, [self.ui.max_new], show_progress="hidden",
-                            trigger_mode="always_last")
+        # .input, not .change: a preset or an opened session writes its budget note itself
+        # (config_updates), and two more events at every page load cost the browser more than
+        # the note (Gradio redoes every component's loading status per event)
+        self.ui.prompt.input(self.on_budget, budget_inputs, [self.ui.max_new], show_progress="hidden",
+                             trigger_mode="always_last")
+        self.ui.max_new.input(self.on_budget, budget_inputs, [self.ui.max_new], show_progress="hidden",
+                              trigger_mode="always_last")
 
     def wire_load(self, demo: gr.Blocks) -> None:
         """Attach the page-load events of the setup: the owner key and the model status."""
@@ -152,7 +155,10 @@ class LaneHandlers:
         nonce = time.time_ns()
         up: dict[Any, Any] = {
             self.ui.model: gr.update(value=page["model"]), self.ui.model_path: "", self.ui.prompt: page["prompt"],
-            self.ui.seed: page["seed"], self.ui.max_new: page["max_new_tokens"],
+            self.ui.seed: page["seed"],
+            # with the budget note its prompt leaves (the box's listeners hear user edits only)
+            self.ui.max_new: {**self.on_budget(page["model"], "", page["prompt"], page["max_new_tokens"])[self.ui.max_new],
+                              "value": page["max_new_tokens"]},
             self.ui.policy: page.get("policy", "forwards"), self.ui.lane_count: n, self.ui.preset_state: preset,
             self.ui.preset_info: md_text(page.get("description", "")),
         }

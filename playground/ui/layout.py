@@ -18,6 +18,7 @@ import visualizers
 import playground.ui.rules as st
 from playground.core.models import list_models
 from playground.core.settings import limits
+from playground.ui.events import Fanout
 from playground.ui.html import empty_output, status_html
 from playground.ui.model_options import build_controls as build_model_options
 from playground.ui.model_options import option_outputs
@@ -131,6 +132,9 @@ class Layout:
         # traces: Gradio hashes a state with change listeners whole around every frame of every
         # event that writes it, and a run's traces are megabytes.
         self.shown = gr.State("")
+        # what follows the shown traces (the panels' lane pickers, the position range): one event
+        # for all of them, attached once every tab has added its own (build_app)
+        self.on_shown = Fanout()
         self.sid = gr.State(None)
         self.preset_state = gr.State(None)
 
@@ -174,7 +178,10 @@ class Layout:
     def _build_lane(self, k: int, models: list[Any], knob_render: Callable[[LaneUI], None]) -> LaneUI:
         ui = LaneUI(k=k)
         # Output first, settings folded below it: while lanes race, their text is what matters.
-        with gr.Column(visible=k <= 3, elem_id=f"lane-{k}", elem_classes=["lane-card"], min_width=340) as col:
+        # "hidden", not False: Gradio's page renders the knob controls of a column built
+        # invisible once more when it loads (three extra events, each redoing every
+        # component's loading status); a hidden one is in the page, out of sight
+        with gr.Column(visible=True if k <= 3 else "hidden", elem_id=f"lane-{k}", elem_classes=["lane-card"], min_width=340) as col:
             ui.column = col
             with gr.Row(equal_height=True, elem_classes=["lane-head"]):
                 gr.HTML(f'<div class="lane-title"><span class="lane-dot lane-dot-{k}"></span>Lane {k}</div>',

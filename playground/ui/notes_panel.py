@@ -92,7 +92,7 @@ class NotesPanel:
         for trigger in (page.step.input, self.lane.input):
             trigger(self.on_pick, [*state, self.lane, page.step], self.outputs(), show_progress="hidden",
                     trigger_mode="always_last")
-        page.shown.change(self.on_pick, [*state, self.lane, page.step], self.outputs(), show_progress="hidden")
+        page.on_shown.add(self.on_pick, [*state, self.lane, page.step], self.outputs())
         self.button.click(self.on_save, [*state, self.lane, page.step, self.text, page.owner_key],
                           [self.listing, self.status], show_progress="hidden")
 

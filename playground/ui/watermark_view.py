@@ -134,7 +134,7 @@ class WatermarkView:
         """Attach the events, hidden from the public API; Detect loads a tokenizer, so it takes
         its place in the model-work concurrency group."""
         # a finished run, an opened session or a lane setup change replaces the shown traces
-        self.page.shown.change(self.on_lanes, [self.page.traces, self.lane], [self.lane], show_progress="hidden")
+        self.page.on_shown.add(self.on_lanes, [self.page.traces, self.lane], [self.lane])
         self.from_lane.click(self.on_from_lane, [self.page.traces, self.lane],
                              [self.text, self.prompt, self.model, self.gamma, self.seeding, self.key,
                               self.width, self.status, self.lane_state])
