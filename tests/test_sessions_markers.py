@@ -348,6 +348,7 @@ def test_a_path_models_config_on_disk_bounds_its_ids_only_where_paths_load(db, t
     store.import_session(data)
 
 
+@pytest.mark.slow  # every preset run through the page (~16 s)
 def test_every_presets_run_saved_by_the_page_exports_and_imports_back(demo, page, db):
     """The import checks are the app's own invariants: no session the page saves is refused."""
     import playground.ui.rules as st
