@@ -184,6 +184,7 @@ def test_the_tests_suite_reads_pytests_counts_seconds_and_slowest_tests():
         "1 failed, 4005 passed, 2 skipped, 83 warnings in 1816.00s (0:30:16)\n")
     assert out["counts"] == {"failed": 1, "passed": 4005, "skipped": 2, "warnings": 83}
     assert out["seconds"] == 1816.0
+    assert out["failed"] == [("tests/test_browser_memory.py::test_the_page", "TimeoutError")]
     assert [t for _s, _p, t in out["slowest"]] == ["tests/test_browser.py::test_several_people",
                                                    "tests/test_a.py::test_x[1]", "tests/test_b.py::test_y"]
     assert suite_time._verdict({"counts": out["counts"], "wall": 60.0}, 480.0).startswith("failed")

@@ -33,11 +33,15 @@ SLOWEST = 8
 _SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<s>[0-9.]+)s")
 # a --durations line, e.g. "194.80s call     tests/test_browser.py::test_several_people"
 _DURATION = re.compile(r"^(?P<s>[0-9.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S+)")
+# a short-summary line (-ra), e.g. "FAILED tests/test_b.py::test_y - TimeoutError: ..."
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (?P<test>\S+)(?: - (?P<why>.*))?$")
 
 
 def parse_output(text: str) -> dict[str, Any]:
     """The counts (``{"passed": 4005, "failed": 1, ...}``), pytest's own seconds and the
-    ``--durations`` lines (seconds, phase, test id; slowest first) of a pytest run's output."""
+    ``--durations`` lines (seconds, phase, test id; slowest first) of a pytest run's output,
+    and the tests its short summary says failed or errored (test id, the reason's first line)."""
+    failed: list[tuple[str, str]] = []
     counts: dict[str, int] = {}
     seconds = float("nan")
     slow: list[tuple[float, str, str]] = []
@@ -51,8 +55,12 @@ def parse_output(text: str) -> dict[str, Any]:
         d = _DURATION.match(line)
         if d:
             slow.append((float(d.group("s")), d.group("phase"), d.group("test")))
+            continue
+        f = _FAILED.match(line)
+        if f:
+            failed.append((f.group("test"), (f.group("why") or "")[:160]))
     slow.sort(key=lambda x: -x[0])
-    return {"counts": counts, "seconds": seconds, "slowest": slow}
+    return {"counts": counts, "seconds": seconds, "slowest": slow, "failed": failed}
 
 
 def _time_pytest(extra: list[str]) -> dict[str, Any]:
@@ -104,6 +112,10 @@ def run_suite(args: argparse.Namespace) -> str:
                      f"{r['load'][1]:.1f} | {'≤ %.0f min' % (target / 60) if target else ''} | "
                      f"{_verdict(r, target) if target else ''} |")
     lines.append("")
+    for title, r, _target in runs:  # the bench keeps no log: what failed is said here
+        if r.get("failed"):
+            lines += [f"Failed in {title.split(' (')[0]}: " + "; ".join(
+                f"`{test}`" + (f" ({why})" if why else "") for test, why in r["failed"]), ""]
     for title, r, _target in runs:
         lines += [f"Slowest of {title.split(' (')[0]}:", "", "| s | phase | test |", "|---:|---|---|"]
         lines += [f"| {s:.1f} | {phase} | `{test}` |" for s, phase, test in r["slowest"][:SLOWEST]]
