@@ -21,7 +21,7 @@ about — the common scale of every strength, which only the weak prior pins —
 the strengths are therefore rescaled to the posterior's best common scale (a one-dimensional
 root, :func:`best_scale`): the games' likelihood does not change under a common scale, so
 this step too can only raise the posterior, and the fixed point is the same; the same table
-converges in a dozen iterations.
+converges in 5 iterations.
 
 Scores are reported on the log scale, centred so their mean is 0 (only differences are
 identified). The 95 % interval of each score is a percentile bootstrap over the *ballots*

@@ -81,11 +81,11 @@ class Fanout:
 
     def inputs(self) -> list[Any]:
         """Every handler's inputs, each component once, in the order first named."""
-        return _unique([c for _fn, ins, _outs in self._handlers for c in ins])
+        return unique([c for _fn, ins, _outs in self._handlers for c in ins])
 
     def outputs(self) -> list[Any]:
         """Every handler's outputs, each component once, in the order first named."""
-        return _unique([c for _fn, _ins, outs in self._handlers for c in outs])
+        return unique([c for _fn, _ins, outs in self._handlers for c in outs])
 
     def __call__(self, *values: Any) -> dict[Any, Any]:
         """Call each handler with its inputs' values (``values`` follow :meth:`inputs`) and
@@ -109,6 +109,6 @@ class Fanout:
             trigger(nothing_is_skip(self.__call__), self.inputs(), self.outputs(), **settings)
 
 
-def _unique(items: list[Any]) -> list[Any]:
-    seen: set[int] = set()
-    return [c for c in items if not (id(c) in seen or seen.add(id(c)))]
+def unique(comps: list[Any]) -> list[Any]:
+    """``comps`` without repeats, in order (an event lists each component once)."""
+    return list({id(c): c for c in comps}.values())

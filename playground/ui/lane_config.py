@@ -24,7 +24,7 @@ from playground.core.settings import limits
 from playground.hosting import model_event_settings
 from playground.store import default_store
 from playground.ui.html import empty_output, error_html, human, md_text, stats_html, status_html
-from playground.ui.events import nothing_is_skip
+from playground.ui.events import nothing_is_skip, unique
 from playground.ui.inspector import InspectorHandlers
 from playground.ui.lane_reset import reset_all, reset_lanes
 from playground.ui.layout import LaneUI, Layout
@@ -105,7 +105,7 @@ class LaneHandlers:
         # + Lane clears the lane it brings back (it may still show an older run), − Lane
         # drops the hidden lane's run from the traces and the inspector.
         self.ui.add_btn.click(self.on_add, [self.ui.lane_count, self.ui.model, self.ui.model_path, self.ui.traces],
-                           _unique(count_outputs + lane_setup + self.ui.result_outputs()), show_progress="hidden",
+                           unique(count_outputs + lane_setup + self.ui.result_outputs()), show_progress="hidden",
                            trigger_mode="always_last")
         # always_last, not Gradio's default "once": a second click while the first is still on
         # its way was dropped (two quick − Lane clicks removed one lane); deferred, it runs on
@@ -426,11 +426,6 @@ def _edit_triggers(comp: Any) -> list[Any]:
     """The events by which a knob control reports the user's edit: its input, and where the
     control has them, Enter (submit) and leaving it (blur)."""
     return [comp.input] + [getattr(comp, e) for e in ("submit", "blur") if hasattr(comp, e)]
-
-
-def _unique(comps: list[Any]) -> list[Any]:
-    """``comps`` without repeats, in order (an event lists each output once)."""
-    return list({id(c): c for c in comps}.values())
 
 
 def _limit_note(n: int, max_lanes: int) -> str:
