@@ -67,7 +67,8 @@ def test_a_hand_picked_decoder_gets_its_knobs_and_the_value_set_is_the_value_run
     load_preset(p, PRESET)
     open_settings(p, 1)
     assert p.locator("#lane-1-knob-p").count() == 0  # greedy has no p
-    pick_decoder(p, 1, "top_p")
+    renders = knob_renders(p)
+    pick_decoder(p, 1, "top_p")  # by mouse, which Gradio reports twice
     knob = p.locator("#lane-1-knob-p input[type=number]")
     knob.wait_for(state="visible", timeout=30_000)
     assert p.locator("#lane-1-knob-gamma").count() == 0
@@ -80,6 +81,7 @@ def test_a_hand_picked_decoder_gets_its_knobs_and_the_value_set_is_the_value_run
     assert s["settings"]["lanes"][0]["decoder"] == "top_p"
     assert s["settings"]["lanes"][0]["params"]["p"] == 0.42
     assert s["runs"][0]["decoder"] == "top_p" and s["runs"][0]["params"]["p"] == 0.42
+    assert renders.count((0, "top_p")) == 1, renders  # the pick rendered lane 1's knobs once
     # and back: greedy -> speculative shows speculative's own knobs, not "no knobs"
     open_settings(p, 2)
     pick_decoder(p, 2, "speculative")
@@ -91,10 +93,28 @@ def inspector_header(p, k: int) -> str:
     return p.locator(f"#inspect-{k}-header").inner_text()
 
 
+def knob_renders(p) -> list[tuple[int, str]]:
+    """Record the knob renders the page asks for from now on: (0-based lane, decoder) each."""
+    lane_of = dict(p.evaluate("() => window.gradio_config.dependencies.filter((d) => d.render_id !== null"
+                              " && d.render_id !== undefined).map((d) => [d.id, d.render_id])"))
+    assert lane_of, "the page's config names no render"
+    asked: list[tuple[int, str]] = []
+
+    def on_request(r) -> None:
+        if "/queue/join" in r.url and r.post_data:
+            body = r.post_data_json
+            if body.get("fn_index") in lane_of:
+                asked.append((lane_of[body["fn_index"]], body["data"][0]))
+
+    p.on("request", on_request)
+    return asked
+
+
 def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(page, app):
     p = page
-    load_preset(p, PRESET)
-    open_settings(p, 3)  # top_p
+    renders = knob_renders(p)
+    load_preset(p, PRESET)  # a pick by mouse, which Gradio reports twice
+    open_settings(p, 3)  # top_p, typed into at once: no second render replaces the control meanwhile
     set_number(p, "#lane-3-knob-p input[type=number]", "1.5")
     p.wait_for_function("() => document.querySelector('#lane-3-knob-p').innerText.includes('out of range [0, 1]')")
     assert p.locator("#lane-3-knob-p input[type=number]").input_value() == "1.5"  # shown as typed
@@ -107,6 +127,8 @@ def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(p
     assert p.locator("#lane-1-output .tok").count() == 8  # the other lanes ran
     s = newest_session(app)
     assert not s["runs"][2]["steps"]  # nothing ran with a clamped or default p
+    # the preset rendered its lanes' knobs once each (the page before it had other decoders there)
+    assert renders.count((1, "beam")) == 1 and renders.count((2, "top_p")) == 1, renders
 
     # The inspector: align lanes by token position, then focus one lane.
     p.locator("#align").get_by_text("by token position").click()

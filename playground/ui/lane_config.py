@@ -32,6 +32,11 @@ from playground.ui.page_js import page_js
 
 DEFAULT_PRESETS = ("speculative-showdown", "greedy-beam-sampling")  # what a first visit shows
 
+# The preset and decoder picks run one at a time (each takes milliseconds), so the second
+# report of a pick (Gradio's dropdown sends a mouse pick twice) reads the states the first
+# stored and can tell it changes nothing; run side by side, both saw the page before the pick.
+ONE_PICK_AT_A_TIME: dict[str, Any] = {"concurrency_limit": 1, "concurrency_id": "lane-pick"}
+
 
 
 def knob_nonce(decoder: str, n: int | None = None) -> dict[str, Any]:
@@ -73,17 +78,23 @@ class LaneHandlers:
                     # value and clears the lane's run (its setup changed). Enter and leaving the
                     # box send the value again: an edit made while the page was still busy
                     # with a burst of re-renders (a preset re-renders every lane) was seen to
-                    # be lost, and holding the value twice changes nothing.
+                    # be lost, and holding the value twice changes nothing. The event's key
+                    # keeps its id across renders of the same control: an edit sent while the
+                    # server renders the lane again still finds its handler.
                     gr.on(_edit_triggers(comp), nothing_is_skip(partial(self.on_knob, k - 1, comp, name, p)),
                           inputs=[comp, ui.knobs, ui.decoder, self.ui.traces, self.ui.lane_count],
                           outputs=[ui.knobs, ui.info, comp, self.ui.status] + self.ui.lane_reset_outputs(k - 1),
-                          show_progress="hidden", trigger_mode="always_last")
+                          show_progress="hidden", trigger_mode="always_last", key=f"lane-{k}-{decoder}-{name}-edit")
 
     # ================================================================== events
     def wire_config(self, demo: gr.Blocks) -> None:
         """Attach the configuration events (preset, model, lane count, decoder picks)."""
         # one event sets every lane up and clears every lane's run
-        self.ui.preset.input(self.on_preset, [self.ui.preset], self.ui.lane_config_outputs() + self.ui.result_outputs())
+        # Gradio's dropdown reports one pick by mouse twice (.input as the option is clicked
+        # and again as its list closes), both with the page as it was before the pick.
+        self.ui.preset.input(nothing_is_skip(self.on_preset), [self.ui.preset, self.ui.preset_token, self.ui.preset_seen],
+                             self.ui.lane_config_outputs() + self.ui.result_outputs()
+                             + [self.ui.preset_token, self.ui.preset_seen], **ONE_PICK_AT_A_TIME)
         # Model work shares one concurrency group (loading a model races nothing else).
         model_in, model_out = self.model_io()
         self.ui.model.change(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
@@ -117,7 +128,8 @@ class LaneHandlers:
             setup_out = [ui.knobs, ui.nonce, ui.draft, ui.info, ui.model]
             ui.decoder.input(partial(self.on_lane_decoder, j), [ui.decoder, self.ui.model, ui.model, ui.draft,
                                                                  self.ui.traces, self.ui.lane_count, ui.nonce],
-                             setup_out + [self.ui.status] + self.ui.lane_reset_outputs(j), show_progress="hidden")
+                             setup_out + [self.ui.status] + self.ui.lane_reset_outputs(j), show_progress="hidden",
+                             **ONE_PICK_AT_A_TIME)
             # the lane's own model or draft: the same setup change
             for comp in (ui.model, ui.draft):
                 comp.input(partial(self.on_lane_setup, j), [ui.decoder, self.ui.traces, self.ui.lane_count],
@@ -200,14 +212,24 @@ class LaneHandlers:
         return {self.ui.add_btn: gr.update(interactive=can_add), self.ui.remove_btn: gr.update(interactive=can_remove)}
 
     # ================================================================== handlers
-    def on_preset(self, name: str) -> dict[Any, Any]:
-        """Apply a preset to the page."""
+    def on_preset(self, name: str, token: str | None = None, seen: Any = None) -> dict[Any, Any]:
+        """Apply a preset to the page, which then holds a new ``token``; nothing (``{}``) when
+        the pick comes with the token and preset of the pick applied last (``seen``).
+
+        Gradio sends one pick by mouse twice, both with the page's token from before the pick.
+        Applied twice, every lane got a second knob nonce and rendered its controls again:
+        an edit typed into a knob meanwhile went to controls the second render had replaced
+        (and was lost), or was reset by the second preset."""
+        if token is not None and seen == [token, name]:
+            return {}
         try:
             page = st.preset_page(name)
         except PlaygroundError as e:
             gr.Warning(str(e))
             return {self.ui.status: status_html(str(e), "error")}
         up = self.config_updates(page, preset=name)
+        up[self.ui.preset_token] = secrets.token_hex(8)
+        up[self.ui.preset_seen] = [token, name]
         missing = [c.decoder for c in page["lanes"] if st.decoder_spec(c.decoder) is None]
         msg = f"Preset “{page['title']}” loaded — press Run."
         if len(page["lanes"]) > self.ui.max_lanes:
@@ -242,10 +264,10 @@ class LaneHandlers:
                         traces: list[dict[str, Any]] | None, n: Any, nonce: Any = None) -> dict[Any, Any]:
         """Lane ``j``'s decoder was picked: its setup (:meth:`on_decoder`) and the lane cleared.
 
-        Picking the decoder the lane's knobs are already set up for changes nothing: Chromium was
-        seen to send one pick twice (0.2 s apart), and the second knob render replaced the
-        controls the first had drawn — an edit typed in between reached the server for an event
-        that no longer existed, and was lost."""
+        Picking the decoder the lane's knobs are already set up for changes nothing: Gradio's
+        dropdown sends one mouse pick twice (:data:`ONE_PICK_AT_A_TIME`), and the second knob
+        render replaced the controls the first had drawn — an edit typed in between reached
+        the server for an event that no longer existed, and was lost."""
         ui = self.ui.lanes[j]
         if isinstance(nonce, dict) and nonce.get("decoder") == decoder:
             return {}
