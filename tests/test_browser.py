@@ -30,6 +30,7 @@ from browser_helpers import VIEW, App, load_preset, open_page, step_value, token
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PRESET = "Greedy vs beam search vs sampling"  # three causal lanes, all on the bundled target
+STREAMED = 160  # the tokens of the run whose lanes are watched growing
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,9 @@ def test_three_lane_preset_streams_and_the_inspector_follows(page, apps):
     knob.fill("0.5")
     knob.press("Enter")
     p.wait_for_function("() => document.querySelector('#lane-3-info').innerText.includes('p=0.5')")
-    set_number(p, "max-new-tokens", 48)
+    # Long enough to be seen growing on a loaded machine: a 48-token run (under a second here)
+    # was once seen whole after its first token, the page's main thread busy for all of it.
+    set_number(p, "max-new-tokens", STREAMED)
     p.evaluate(RECORD_JS)  # records every lane's token count and stats at each DOM update
     p.click("#run")
     wait_running(p)
@@ -99,13 +102,13 @@ def test_three_lane_preset_streams_and_the_inspector_follows(page, apps):
     wait_idle(p)
     hist = p.evaluate("() => window.__hist")
     for k in ("1", "2", "3"):
-        partial = sorted({c for c, _, _ in hist[k] if 0 < c < 48})
+        partial = sorted({c for c, _, _ in hist[k] if 0 < c < STREAMED})
         heights = {h for c, _, h in hist[k] if 0 < c}
         assert len(heights) == 1, f"lane {k}: its output box changed height while it grew ({sorted(heights)})"
         assert len(partial) >= 2, f"lane {k}: its text did not grow step by step (counts seen: {partial})"
         assert token_count(p, int(k)) > 0
         assert "target forwards" in p.locator(f"#lane-{k}-stats").inner_text()
-    stats_live = any(live and 0 < c < 48 for c, live, _ in hist["1"])
+    stats_live = any(live and 0 < c < STREAMED for c, live, _ in hist["1"])
     assert stats_live, "the stats line did not fill in while running"
     assert "Saved" in p.locator("#status").inner_text()
     from playground.store import Store
