@@ -94,7 +94,8 @@ def inspector_header(p, k: int) -> str:
 
 
 def knob_renders(p) -> list[tuple[int, str]]:
-    """Record the knob renders the page asks for from now on: (0-based lane, decoder) each."""
+    """Record the knob renders the page asks for from now on: (0-based lane, decoder) each (a
+    render's id is its place among the app's renders, and the knob renders are its only ones)."""
     lane_of = dict(p.evaluate("() => window.gradio_config.dependencies.filter((d) => d.render_id !== null"
                               " && d.render_id !== undefined).map((d) => [d.id, d.render_id])"))
     assert lane_of, "the page's config names no render"
@@ -118,6 +119,9 @@ def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(p
     set_number(p, "#lane-3-knob-p input[type=number]", "1.5")
     p.wait_for_function("() => document.querySelector('#lane-3-knob-p').innerText.includes('out of range [0, 1]')")
     assert p.locator("#lane-3-knob-p input[type=number]").input_value() == "1.5"  # shown as typed
+    box = p.locator("#preset input")
+    box.focus()
+    box.blur()  # which Gradio reports as a pick of the preset shown: it changes nothing
     set_number(p, "#max-new-tokens input", "8")
     p.click("#run")
     wait_idle(p)
@@ -127,7 +131,8 @@ def test_an_out_of_range_knob_is_refused_next_to_its_control_and_never_clamped(p
     assert p.locator("#lane-1-output .tok").count() == 8  # the other lanes ran
     s = newest_session(app)
     assert not s["runs"][2]["steps"]  # nothing ran with a clamped or default p
-    # the preset rendered its lanes' knobs once each (the page before it had other decoders there)
+    # the preset rendered its lanes' knobs once each (the page before it had other decoders
+    # there), and leaving its box re-applied nothing
     assert renders.count((1, "beam")) == 1 and renders.count((2, "top_p")) == 1, renders
 
     # The inspector: align lanes by token position, then focus one lane.

@@ -146,6 +146,13 @@ def test_replay_needs_no_model_and_shows_every_lane(page, tiny, db, monkeypatch)
     assert up[page.lanes[0].step_plots[0]]["visible"] is True
     assert up[page.step]["maximum"] >= 5
     assert "Replaying" in html_of(up, page.status)
+    # the page shows no preset now: the preset box is cleared, and picking a preset applies it
+    assert up[page.preset] is None and up[page.preset_state] is None
+    assert page.lanes[0].nonce in page.on_preset("greedy-beam-sampling", up[page.preset_state])
+    from playground.ui.sessions_view import replay_frame
+
+    up = replay_frame(page, sid)  # a share link's page load, the Sessions tab's Open
+    assert up[page.preset] is None and up[page.preset_state] is None
 
 
 @pytest.mark.parametrize("sid, message", [("bad id!", "malformed session id"), ("A" * 32, "no session")])

@@ -120,18 +120,18 @@ def test_presets_set_the_lane_buttons_for_their_lane_count(page):
     assert prop(up, page.add_btn, "interactive") is True and prop(up, page.remove_btn, "interactive") is True
 
 
-def test_a_pick_reported_twice_applies_its_preset_once(page):
-    # Gradio sends one mouse pick twice, both with the token the page held before the pick
-    first = page.on_preset("greedy-beam-sampling", "", None)
-    token, seen = first[page.preset_token], first[page.preset_seen]
-    assert token and seen == ["", "greedy-beam-sampling"] and page.lanes[2].nonce in first
-    assert page.on_preset("greedy-beam-sampling", "", seen) == {}  # no second nonce: no second render
-    # picked again once the page holds the new token: applied again (a reset to the preset)
-    again = page.on_preset("greedy-beam-sampling", token, seen)
+def test_picking_the_preset_the_page_shows_changes_nothing(page):
+    # Gradio reports one mouse pick twice, and every blur of the box as a pick of what it shows
+    first = page.on_preset("greedy-beam-sampling", None)
+    assert first[page.preset_state] == "greedy-beam-sampling" and page.lanes[2].nonce in first
+    assert page.on_preset("greedy-beam-sampling", "greedy-beam-sampling") == {}  # no second render
+    assert page.on_preset("", "greedy-beam-sampling") == {} and page.on_preset(None, None) == {}  # an empty box left
+    assert page.on_preset(["greedy-beam-sampling"], None) == {}  # not a name: nothing picked
+    # another preset applies, and so does this one once the page shows something else
+    assert page.on_preset("truncation-samplers", "greedy-beam-sampling")[page.lane_count] > 3
+    again = page.on_preset("greedy-beam-sampling", "truncation-samplers")
     assert again[page.lanes[2].knobs]["p"] == 0.9 and again[page.lanes[2].nonce] != first[page.lanes[2].nonce]
-    assert again[page.preset_token] != token
-    # another preset picked before the first one's reply came back: applied
-    assert page.on_preset("truncation-samplers", "", seen)[page.lane_count] > 3
+    assert "unknown preset" in text(page.on_preset("no-such-preset", None), page.status)
 
 
 def test_max_new_tokens_shows_the_models_budget(page, tiny):

@@ -32,9 +32,10 @@ from playground.ui.page_js import page_js
 
 DEFAULT_PRESETS = ("speculative-showdown", "greedy-beam-sampling")  # what a first visit shows
 
-# The preset and decoder picks run one at a time (each takes milliseconds), so the second
-# report of a pick (Gradio's dropdown sends a mouse pick twice) reads the states the first
-# stored and can tell it changes nothing; run side by side, both saw the page before the pick.
+# The preset and decoder picks of every page run one at a time (one group for the whole app;
+# 15-20 ms a preset, ~3 ms a decoder pick), so the second report of a pick (Gradio's dropdown
+# sends a mouse pick twice) reads the states the first stored and can tell it changes nothing;
+# run side by side (the app's default concurrency is 4), both saw the page before the pick.
 ONE_PICK_AT_A_TIME: dict[str, Any] = {"concurrency_limit": 1, "concurrency_id": "lane-pick"}
 
 
@@ -90,11 +91,11 @@ class LaneHandlers:
     def wire_config(self, demo: gr.Blocks) -> None:
         """Attach the configuration events (preset, model, lane count, decoder picks)."""
         # one event sets every lane up and clears every lane's run
-        # Gradio's dropdown reports one pick by mouse twice (.input as the option is clicked
-        # and again as its list closes), both with the page as it was before the pick.
-        self.ui.preset.input(nothing_is_skip(self.on_preset), [self.ui.preset, self.ui.preset_token, self.ui.preset_seen],
-                             self.ui.lane_config_outputs() + self.ui.result_outputs()
-                             + [self.ui.preset_token, self.ui.preset_seen], **ONE_PICK_AT_A_TIME)
+        # Gradio's dropdown reports a pick by mouse twice (.input as the option is clicked and
+        # again as it loses focus), both with the page as it was before the pick, and sends
+        # .input on every blur, picked or not (on_preset tells them apart).
+        self.ui.preset.input(nothing_is_skip(self.on_preset), [self.ui.preset, self.ui.preset_state],
+                             self.ui.lane_config_outputs() + self.ui.result_outputs(), **ONE_PICK_AT_A_TIME)
         # Model work shares one concurrency group (loading a model races nothing else).
         model_in, model_out = self.model_io()
         self.ui.model.change(self.on_model, model_in, model_out, show_progress="minimal", **model_event_settings())
@@ -212,15 +213,19 @@ class LaneHandlers:
         return {self.ui.add_btn: gr.update(interactive=can_add), self.ui.remove_btn: gr.update(interactive=can_remove)}
 
     # ================================================================== handlers
-    def on_preset(self, name: str, token: str | None = None, seen: Any = None) -> dict[Any, Any]:
-        """Apply a preset to the page, which then holds a new ``token``; nothing (``{}``) when
-        the pick comes with the token and preset of the pick applied last (``seen``).
+    def on_preset(self, name: str, shown: Any = None) -> dict[Any, Any]:
+        """Apply the preset picked; nothing (``{}``) when it is the preset the page shows
+        already (``shown``) or the box is empty.
 
-        Gradio sends one pick by mouse twice, both with the page's token from before the pick.
-        Applied twice, every lane got a second knob nonce and rendered its controls again:
-        an edit typed into a knob meanwhile went to controls the second render had replaced
-        (and was lost), or was reset by the second preset."""
-        if token is not None and seen == [token, name]:
+        Gradio reports one pick by mouse twice and every blur of the box (tabbing through it,
+        clicking away) as a pick of the preset it shows. Applied again, every lane's run and
+        edited knobs were wiped and every lane rendered its knob controls a second time: an
+        edit typed into a knob meanwhile went to controls the second render had replaced (and
+        was lost). So, as with a dropdown's unchanged value, picking the preset the page shows
+        changes nothing: pick another, or open a stored session, and it applies again."""
+        if not isinstance(name, str) or not name:
+            return {}  # an empty box left (a stored session's page): nothing picked
+        if name == shown:
             return {}
         try:
             page = st.preset_page(name)
@@ -228,8 +233,6 @@ class LaneHandlers:
             gr.Warning(str(e))
             return {self.ui.status: status_html(str(e), "error")}
         up = self.config_updates(page, preset=name)
-        up[self.ui.preset_token] = secrets.token_hex(8)
-        up[self.ui.preset_seen] = [token, name]
         missing = [c.decoder for c in page["lanes"] if st.decoder_spec(c.decoder) is None]
         msg = f"Preset “{page['title']}” loaded — press Run."
         if len(page["lanes"]) > self.ui.max_lanes:
@@ -265,7 +268,7 @@ class LaneHandlers:
         """Lane ``j``'s decoder was picked: its setup (:meth:`on_decoder`) and the lane cleared.
 
         Picking the decoder the lane's knobs are already set up for changes nothing: Gradio's
-        dropdown sends one mouse pick twice (:data:`ONE_PICK_AT_A_TIME`), and the second knob
+        dropdown sends one mouse pick twice (see :meth:`on_preset`), and the second knob
         render replaced the controls the first had drawn — an edit typed in between reached
         the server for an event that no longer existed, and was lost."""
         ui = self.ui.lanes[j]
@@ -421,6 +424,7 @@ class LaneHandlers:
             return up
         page = st.session_page(session)
         up = self.config_updates(page)
+        up[self.ui.preset] = None  # the page shows no preset now (so picking the last one applies it)
         how = mo.options_note(page["chat"], page["system_prompt"] or None)
         up[self.ui.preset_info] = md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
                                        f"({session['created'][:16].replace('T', ' ')} UTC) — no model loaded."

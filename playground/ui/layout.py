@@ -94,9 +94,6 @@ class Layout:
                 self.preset = gr.Dropdown(presets, value=None, label="Preset", elem_id="preset",
                                           info="a ready comparison: lanes, knobs, prompt")
                 self.preset_info = gr.Markdown("", elem_id="preset-info", elem_classes=["preset-info"])
-                # A new token with each preset applied, held by the page (not a State): a pick
-                # reported twice by Gradio carries the same token twice (lane_config.on_preset).
-                self.preset_token = gr.Textbox("", visible=False, elem_id="preset-token")
         with gr.Row(elem_id="run-row", equal_height=True):
             self.seed = gr.Number(0, label="Seed", precision=0, elem_id="seed", min_width=80, scale=1)
             # No minimum or maximum of Gradio's own: it would answer a value past them with its
@@ -139,8 +136,7 @@ class Layout:
         # for all of them, attached once every tab has added its own (build_app)
         self.on_shown = Fanout()
         self.sid = gr.State(None)
-        self.preset_state = gr.State(None)
-        self.preset_seen = gr.State(None)  # [token, preset] of the pick last applied
+        self.preset_state = gr.State(None)  # the preset the page shows (None: a stored session)
 
         with gr.Row(elem_id="lanes", equal_height=False):
             for k in range(1, self.max_lanes + 1):
