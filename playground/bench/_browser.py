@@ -177,9 +177,24 @@ def set_number(page: Any, elem_id: str, value: int) -> None:
 
 
 def load_preset(page: Any, title: str) -> None:
-    """Choose a preset by (part of) its title and wait until the page says it is loaded."""
+    """Choose a preset by (part of) its title and wait until the page says that one is loaded.
+
+    Picking the preset the page shows changes nothing (a first visit shows one): then another
+    is picked first, so the preset is always applied afresh (every lane set up anew, no run)."""
+    if title in page.locator("#preset input").input_value():
+        page.click("#preset input")
+        other = page.locator("[role=option]").filter(has_not_text=title).first
+        other_title = other.inner_text().strip()
+        other.click()
+        _wait_loaded(page, other_title)
     choose(page, "preset", title)
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('loaded')")
+    _wait_loaded(page, title)
+
+
+def _wait_loaded(page: Any, title: str) -> None:
+    """Wait until the status line says preset ``title`` (or part of it) is loaded."""
+    page.wait_for_function("(t) => { const s = document.querySelector('#status').innerText;"
+                           " return s.includes('loaded') && s.includes(t); }", arg=title)
 
 
 def lanes_visible(page: Any) -> list[int]:
