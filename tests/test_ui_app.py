@@ -8,6 +8,7 @@ import json
 import pytest
 
 from playground.ui.page_session import FrameFlow
+from playground.ui.sessions_view import replay_frame
 
 pytestmark = pytest.mark.slow  # building the Gradio app imports gradio (~10 s on a busy CPU)
 
@@ -149,8 +150,6 @@ def test_replay_needs_no_model_and_shows_every_lane(page, tiny, db, monkeypatch)
     # the page shows no preset now: the preset box is cleared, and picking a preset applies it
     assert up[page.preset] is None and up[page.preset_state] is None
     assert page.lanes[0].nonce in page.on_preset("greedy-beam-sampling", up[page.preset_state])
-    from playground.ui.sessions_view import replay_frame
-
     up = replay_frame(page, sid)  # a share link's page load, the Sessions tab's Open
     assert up[page.preset] is None and up[page.preset_state] is None
 

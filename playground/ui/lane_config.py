@@ -172,7 +172,10 @@ class LaneHandlers:
             # with the budget note its prompt leaves (the box's listeners hear user edits only)
             self.ui.max_new: {**self.on_budget(page["model"], "", page["prompt"], page["max_new_tokens"])[self.ui.max_new],
                               "value": page["max_new_tokens"]},
-            self.ui.policy: page.get("policy", "forwards"), self.ui.lane_count: n, self.ui.preset_state: preset,
+            self.ui.policy: page.get("policy", "forwards"), self.ui.lane_count: n,
+            # the preset the page shows, in the box too (none for a stored session: picking the
+            # last preset then applies it, see on_preset)
+            self.ui.preset: preset, self.ui.preset_state: preset,
             self.ui.preset_info: md_text(page.get("description", "")),
         }
         if "metric" in page:
@@ -398,7 +401,6 @@ class LaneHandlers:
             if all(st.decoder_spec(c.decoder) for c in page["lanes"]) and 2 <= len(page["lanes"]) <= self.ui.max_lanes \
                     and _models_present(page):
                 up = self.config_updates(page, preset=name)
-                up[self.ui.preset] = name
                 break
         else:
             page = {"model": st.DEFAULT_MODEL, "prompt": st.EXAMPLE_PROMPTS[0], "seed": 0, "max_new_tokens": 48,
@@ -424,7 +426,6 @@ class LaneHandlers:
             return up
         page = st.session_page(session)
         up = self.config_updates(page)
-        up[self.ui.preset] = None  # the page shows no preset now (so picking the last one applies it)
         how = mo.options_note(page["chat"], page["system_prompt"] or None)
         up[self.ui.preset_info] = md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
                                        f"({session['created'][:16].replace('T', ' ')} UTC) — no model loaded."

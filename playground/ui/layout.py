@@ -222,7 +222,7 @@ class Layout:
     def lane_config_outputs(self) -> list[Any]:
         """Everything that shows a lane configuration (apply a preset or a stored session)."""
         out: list[Any] = [self.model, self.model_path, self.prompt, self.seed, self.max_new, self.policy,
-                          self.metric, self.lane_count, self.preset_state, self.preset_info, self.add_btn,
+                          self.metric, self.lane_count, self.preset, self.preset_state, self.preset_info, self.add_btn,
                           self.remove_btn, self.watch, self.blind, *option_outputs(self)]
         for ui in self.lanes:
             out += [ui.column, ui.decoder, ui.model, ui.draft, ui.info, ui.knobs, ui.nonce]
@@ -279,7 +279,7 @@ class Layout:
 
     def page_outputs(self) -> list[Any]:
         """Configuration and results together (page load, opening a session)."""
-        return self.lane_config_outputs() + self.result_outputs() + [self.run_btn, self.stop_btn, self.preset]
+        return self.lane_config_outputs() + self.result_outputs() + [self.run_btn, self.stop_btn]
 
     def idle_buttons(self) -> dict[Any, Any]:
         """Run enabled, Stop disabled: the page between runs."""

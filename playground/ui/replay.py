@@ -93,7 +93,6 @@ class ReplayHandlers:
         pg = st.session_page(session)
         runs = pg["runs"]
         up = self.config.config_updates(pg)
-        up[self.ui.preset] = None  # the page shows no preset (lane_config.on_preset)
         when = f"{session['created'][:16].replace('T', ' ')} UTC"
         up[self.ui.preset_info] = md_text(f"Replaying stored session **{st._md_escape(session['title'])}** "
                                           f"({when}) — no model loaded.")
