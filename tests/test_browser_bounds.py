@@ -58,6 +58,20 @@ def assert_cleared(p, k: int) -> None:
     assert p.locator(f"#inspect-{k} .js-plotly-plot:visible").count() == 0
 
 
+def wait_wm_status(p, line: str, elem: str) -> None:
+    """Wait until the Watermark tab's status shows ``line``; a timeout says what the tab showed
+    (its status, the number box, Gradio's loading state of the status) instead of a bare timeout."""
+    try:
+        p.wait_for_function("(line) => document.querySelector('#wm-status').innerText.includes(line)", arg=line)
+    except Exception as e:  # noqa: BLE001 - say what the page showed
+        shown = p.evaluate("(elem) => ({status: document.querySelector('#wm-status').innerText,"
+                           " box: document.querySelector('#' + elem + ' input').value,"
+                           " detect_disabled: document.querySelector('#wm-detect').disabled,"
+                           " loading: [...document.querySelectorAll('#wm-status .wrap, #wm-status .progress-text, #wm-status .eta-bar')]"
+                           ".map(x => x.className + ':' + x.innerText.trim())})", elem)
+        raise AssertionError(f"Detect with {elem} out of range never said {line!r}: the tab shows {shown}") from e
+
+
 def run(p, max_new: int) -> None:
     """Run with ``max_new`` tokens and wait until this run (not an earlier line) is done."""
     set_number(p, "#max-new-tokens input", str(max_new))
@@ -156,7 +170,7 @@ def test_every_number_past_its_bounds_gets_the_pages_own_line_never_a_gradio_err
                               ("wm-context-width", "-4", "'watermark_context_width'=-4 is out of range")]:
         set_number(p, f"#{elem} input", value)
         p.click("#wm-detect")
-        p.wait_for_function("(line) => document.querySelector('#wm-status').innerText.includes(line)", arg=line)
+        wait_wm_status(p, line, elem)
         assert gradio_errors(p) == [], elem
         set_number(p, f"#{elem} input", "0.25" if elem == "wm-gamma" else "1")
         p.wait_for_timeout(300)
