@@ -386,12 +386,20 @@ def test_a_second_run_by_shift_enter_is_refused_and_the_first_runs_on(page):
     """Shift+Enter in the prompt while the page's comparison streams starts nothing: the page says
     why under the status, Stop stays enabled and Run disabled, and the first run ends complete."""
     load_preset(page, "Truncation samplers")
-    set_number(page, "max-new-tokens", 160)
+    # long enough that the run is still streaming when the key press lands, on a busy machine too
+    # (the notice is written only while Run is disabled; a 160-token run once ended in between)
+    set_number(page, "max-new-tokens", 480)
     page.click("#run")
     page.wait_for_function("() => document.querySelectorAll('#lane-1-output .tok').length >= 3", timeout=120_000)
     page.locator("#prompt textarea").press("Shift+Enter")
-    page.wait_for_function("() => document.querySelector('#run-notice').innerText.includes('already running')")
-    assert page.locator("#stop").is_enabled() and page.locator("#run").is_disabled()
+    # the buttons read in the same moment the notice shows: two separate reads once straddled the
+    # run's own end (Stop still enabled, then Run enabled by the Done frame)
+    state = page.wait_for_function(
+        "() => document.querySelector('#run-notice').innerText.includes('already running') &&"
+        " {stop_enabled: !document.querySelector('#stop').disabled, run_disabled: document.querySelector('#run').disabled,"
+        "  status: document.querySelector('#status').innerText}").json_value()
+    assert not re.match(r"^(Done|Stopped)", state["status"]), state  # refused while the first run streamed
+    assert state["stop_enabled"] and state["run_disabled"], state
     wait_idle(page, 300_000)
     assert page.locator("#status").inner_text().startswith("Done")
     assert "cancelled" not in page.locator("#lane-1-stats").inner_text()  # the first run was not cut short
